@@ -1,0 +1,3 @@
+"""tpulm: pretrain RoBERTa-style masked language models from scratch, export to Transformers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from tpulm.cli import main
+
+raise SystemExit(main())

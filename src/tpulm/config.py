@@ -1,0 +1,191 @@
+"""Typed, frozen settings loaded in layers: dataclass defaults, a TOML file, command-line flags.
+
+Every stage owns one frozen dataclass of settings (declared next to the code that uses it). This
+module holds the machinery they share:
+
+* ``from_mapping(cls, data, where)`` builds a dataclass from a TOML table, rejecting unknown keys
+  and wrong types with a message that names the setting and the file.
+* ``add_arguments(parser, cls)`` turns every field into a ``--field-name`` flag (help text from the
+  field's ``metadata["help"]``), and ``resolve(cls, args, table)`` merges defaults < TOML < flags.
+* ``to_toml(tables)`` writes resolved settings back, so a run dir records what it ran with.
+
+Supported field types: ``bool``, ``int``, ``float``, ``str``, ``tuple[str, ...]``,
+``tuple[int, ...]`` and ``X | None`` of those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from tpulm.errors import TpulmError
+
+T = TypeVar("T")
+
+SCALARS = (bool, int, float, str)
+
+
+def setting(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with help text for ``--help``; tuples get an immutable default."""
+    return dataclasses.field(default=default, metadata={"help": help, **kwargs})
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a TOML file (local or any ``tf.io.gfile`` scheme) into a dict."""
+    from tpulm.storage import read_text
+
+    try:
+        return tomllib.loads(read_text(path))
+    except FileNotFoundError:
+        raise TpulmError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as err:
+        raise TpulmError(f"config file {path} is not valid TOML: {err}") from None
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    """``X | None`` -> (X, True); anything else -> (tp, False)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def _coerce(value: Any, tp: Any, name: str, where: str) -> Any:
+    """Check ``value`` against the field type ``tp``; ints are accepted where floats are."""
+    base, optional = _unwrap_optional(tp)
+    if value is None:
+        if optional:
+            return None
+        raise TpulmError(f"setting {name} in {where} must not be empty")
+    if typing.get_origin(base) is tuple:
+        item_tp = typing.get_args(base)[0]
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise TpulmError(f"setting {name} in {where} must be a list, got {value!r}")
+        return tuple(_coerce(v, item_tp, name, where) for v in value)
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if base in SCALARS and (type(value) is not base):
+        raise TpulmError(
+            f"setting {name} in {where} must be of type {base.__name__}, got {value!r}"
+        )
+    if base is float and not math.isfinite(value):
+        raise TpulmError(f"setting {name} in {where} must be a finite number, got {value!r}")
+    return value
+
+
+def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Build ``cls`` from ``data``; unknown keys and wrong types are errors naming ``where``."""
+    types_ = _field_types(cls)
+    unknown = sorted(set(data) - set(types_))
+    if unknown:
+        known = ", ".join(sorted(types_))
+        raise TpulmError(f"unknown setting(s) {', '.join(unknown)} in {where}; known: {known}")
+    values = {k: _coerce(v, types_[k], k, where) for k, v in data.items()}
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as err:
+        raise TpulmError(f"invalid settings in {where}: {err}") from None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, cls: type, *, skip: tuple[str, ...] = ()
+) -> None:
+    """Add one ``--flag`` per field of ``cls``; flags default to None (= not given)."""
+    types_ = _field_types(cls)
+    group = parser.add_argument_group(f"{cls.__name__} settings (also from the TOML file)")
+    for field in dataclasses.fields(cls):
+        if field.name in skip or field.metadata.get("cli") is False:
+            continue
+        base, _ = _unwrap_optional(types_[field.name])
+        help_text = field.metadata.get("help", "")
+        default = field.default if field.default is not dataclasses.MISSING else None
+        help_text = f"{help_text} (default: {default!r})" if default not in (None, ()) else help_text
+        kwargs: dict[str, Any] = {"dest": field.name, "default": None, "help": help_text}
+        if typing.get_origin(base) is tuple:
+            item = typing.get_args(base)[0]
+            kwargs.update(nargs="+", type=item, metavar=field.name.upper())
+        elif base is bool:
+            kwargs.update(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
+        else:
+            kwargs.update(type=base, metavar=field.name.upper())
+        if "choices" in field.metadata:
+            kwargs["choices"] = field.metadata["choices"]
+        group.add_argument(_flag(field.name), **kwargs)
+
+
+def resolve(
+    cls: type[T],
+    args: argparse.Namespace | None = None,
+    table: Mapping[str, Any] | None = None,
+    where: str = "the configuration",
+    **overrides: Any,
+) -> T:
+    """Defaults < ``table`` (a TOML section) < flags given in ``args`` < keyword ``overrides``."""
+    merged: dict[str, Any] = dict(table or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    if args is not None:
+        merged.update(
+            {k: v for k, v in vars(args).items() if k in names and v is not None}
+        )
+    merged.update({k: v for k, v in overrides.items() if v is not None})
+    return from_mapping(cls, merged, where)
+
+
+def as_table(obj: Any) -> dict[str, Any]:
+    """A dataclass as a TOML-ready dict (tuples become lists, None values are left out)."""
+    table = {}
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if value is None:
+            continue
+        table[field.name] = list(value) if isinstance(value, tuple) else value
+    return table
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+        return f'"{escaped}"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {value!r} to TOML")
+
+
+def to_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
+    """Write ``{section: {key: scalar-or-list}}`` as TOML text (enough for resolved configs)."""
+    lines: list[str] = []
+    for section, table in tables.items():
+        lines.append(f"[{section}]")
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""File access for local paths and every ``tf.io.gfile`` scheme (``gs://``, ``ram://`` ...).
+
+Local paths use the standard library (no TensorFlow import for commands that need none); any
+path with a ``scheme://`` goes through ``tf.io.gfile``. Writes are atomic: data goes to a
+temporary name in the same folder and is renamed over the final name once complete, so an
+interrupted run never leaves a half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import glob as _glob
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import IO
+
+TMP_MARKER = ".tmp-"
+
+
+def is_remote(path: str) -> bool:
+    """True for ``scheme://`` paths other than ``file://``."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path parts with '/', for local and remote paths alike."""
+    if not is_remote(base):
+        return os.path.join(_local(base), *parts)
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def exists(path: str) -> bool:
+    return _gfile().exists(path) if is_remote(path) else os.path.exists(_local(path))
+
+
+def isdir(path: str) -> bool:
+    return _gfile().isdir(path) if is_remote(path) else os.path.isdir(_local(path))
+
+
+def makedirs(path: str) -> None:
+    if is_remote(path):
+        _gfile().makedirs(path)
+    else:
+        os.makedirs(_local(path), exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+    """Names (not paths) in a folder, sorted; folders of remote schemes lose their trailing '/'."""
+    if is_remote(path):
+        return sorted(name.rstrip("/") for name in _gfile().listdir(path))
+    return sorted(os.listdir(_local(path)))
+
+
+def glob(pattern: str) -> list[str]:
+    """Sorted matches of a glob pattern."""
+    if is_remote(pattern):
+        return sorted(_gfile().glob(pattern))
+    return sorted(_glob.glob(_local(pattern), recursive=True))
+
+
+def remove(path: str) -> None:
+    if is_remote(path):
+        _gfile().remove(path)
+    else:
+        os.remove(_local(path))
+
+
+def rmtree(path: str) -> None:
+    if is_remote(path):
+        _gfile().rmtree(path)
+    else:
+        shutil.rmtree(_local(path))
+
+
+def rename(src: str, dst: str, overwrite: bool = True) -> None:
+    if is_remote(src):
+        _gfile().rename(src, dst, overwrite=overwrite)
+    elif overwrite:
+        os.replace(_local(src), _local(dst))
+    else:
+        if os.path.exists(_local(dst)):
+            raise FileExistsError(dst)
+        os.rename(_local(src), _local(dst))
+
+
+def size(path: str) -> int:
+    return _gfile().stat(path).length if is_remote(path) else os.path.getsize(_local(path))
+
+
+def open_file(path: str, mode: str = "r") -> IO:
+    if is_remote(path):
+        return _gfile().GFile(path, mode)
+    return open(_local(path), mode, encoding=None if "b" in mode else "utf-8")
+
+
+def read_text(path: str) -> str:
+    with open_file(path, "r") as f:
+        return f.read()
+
+
+def read_bytes(path: str) -> bytes:
+    with open_file(path, "rb") as f:
+        return f.read()
+
+
+def temporary_name(path: str) -> str:
+    """A unique sibling name for ``path`` that readers of the folder recognise as unfinished."""
+    head, tail = os.path.split(path) if not is_remote(path) else path.rsplit("/", 1)
+    return join(head, f"{tail}{TMP_MARKER}{uuid.uuid4().hex[:12]}")
+
+
+def is_temporary(name: str) -> bool:
+    return TMP_MARKER in os.path.basename(name)
+
+
+@contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """Yield a temporary path to write to; on success rename it to ``path``, else delete it."""
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        rename(tmp, path, overwrite=True)
+    except BaseException:
+        if exists(tmp):
+            rmtree(tmp) if isdir(tmp) else remove(tmp)
+        raise
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Atomically write ``data`` to ``path``."""
+    with atomic_path(path) as tmp:
+        with open_file(tmp, "wb") as f:
+            f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    """Atomically write ``text`` (UTF-8) to ``path``."""
+    write_bytes(path, text.encode("utf-8"))

@@ -1,0 +1,73 @@
+"""The layered settings machinery: defaults < TOML < flags, strict keys and types."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tomllib
+
+import pytest
+
+from tpulm import config
+from tpulm.errors import TpulmError
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    vocab_size: int = config.setting(8000, "vocabulary size")
+    rate: float = config.setting(0.15, "a rate")
+    name: str = config.setting("unigram", "model", choices=("unigram", "bpe"))
+    files: tuple[str, ...] = config.setting((), "inputs")
+    fast: bool = config.setting(False, "go fast")
+    seed: int | None = config.setting(None, "seed")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, Example)
+    return parser.parse_args(argv)
+
+
+def test_layers_defaults_then_table_then_flags():
+    table = {"vocab_size": 1000, "rate": 1, "files": ["a.txt"]}
+    resolved = config.resolve(Example, parse(["--vocab-size", "50", "--fast"]), table, "x.toml")
+    assert resolved == Example(vocab_size=50, rate=1.0, files=("a.txt",), fast=True)
+    assert isinstance(resolved.rate, float)
+
+
+def test_flags_parse_lists_bools_and_choices():
+    args = parse(["--files", "a", "b", "--fast", "false", "--name", "bpe", "--seed", "3"])
+    assert config.resolve(Example, args) == Example(files=("a", "b"), name="bpe", seed=3)
+    with pytest.raises(SystemExit):
+        parse(["--name", "wordpiece"])
+
+
+def test_unknown_key_names_the_key_and_file():
+    with pytest.raises(TpulmError, match=r"vocab_sise.*run\.toml"):
+        config.from_mapping(Example, {"vocab_sise": 3}, "[tokenizer] of run.toml")
+
+
+@pytest.mark.parametrize("key,value", [("vocab_size", "big"), ("vocab_size", 1.5), ("fast", 1),
+                                       ("files", 3), ("rate", float("nan"))])
+def test_wrong_type_is_an_error(key, value):
+    with pytest.raises(TpulmError, match=key):
+        config.from_mapping(Example, {key: value}, "t.toml")
+
+
+def test_toml_round_trip(tmp_path):
+    original = Example(vocab_size=7, rate=0.5, name="bpe", files=("x \"q\"", "y\\z"), fast=True)
+    text = config.to_toml({"example": config.as_table(original)})
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    loaded = config.load_toml(str(path))
+    assert config.from_mapping(Example, loaded["example"], str(path)) == original
+    assert tomllib.loads(text) == loaded
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(TpulmError, match="does not exist"):
+        config.load_toml(str(tmp_path / "nope.toml"))
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[a\n")
+    with pytest.raises(TpulmError, match="not valid TOML"):
+        config.load_toml(str(bad))
