@@ -1,0 +1,61 @@
+"""The layout of a run dir, shared by training (writer), export, fill-mask and reports (readers).
+
+```
+RUN_DIR/
+  config.toml                    resolved settings; its [model] table rebuilds the model
+  tokenizer/                     copy of the tokenizer folder the model was trained with
+  checkpoints/ckpt-<step>/       one folder per checkpoint, written under a temporary name and
+    model.safetensors            renamed when complete (tpulm.weights format, keyed by variable path)
+    optimizer.safetensors
+    state.json                   step, epoch, data position, tokens seen, seed ...
+  metrics.jsonl                  one JSON object a line (see below)
+  tensorboard/                   TensorBoard event files
+  export/                        Transformers checkpoint written by `tpulm export`
+```
+
+Each line of ``metrics.jsonl`` is ``{"split": "train" | "eval", "step": int, "time": seconds since
+the run started, "tokens": tokens seen so far, ...}`` plus the figures of that split:
+train lines carry ``loss``, ``accuracy``, ``learning_rate``, ``tokens_per_second``; eval lines
+carry ``loss``, ``accuracy``, ``perplexity`` (all over masked positions only).
+"""
+
+from __future__ import annotations
+
+import re
+
+from tpulm import storage
+
+CONFIG_NAME = "config.toml"
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINTS_DIR = "checkpoints"
+METRICS_NAME = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+EXPORT_DIR = "export"
+MODEL_WEIGHTS = "model.safetensors"
+OPTIMIZER_WEIGHTS = "optimizer.safetensors"
+STATE_NAME = "state.json"
+_CHECKPOINT = re.compile(r"^ckpt-(\d+)$")
+
+
+def checkpoint_dir(run_dir: str, step: int) -> str:
+    """Folder of the checkpoint taken after ``step`` optimizer steps."""
+    return storage.join(run_dir, CHECKPOINTS_DIR, f"ckpt-{step:09d}")
+
+
+def list_checkpoints(run_dir: str) -> list[tuple[int, str]]:
+    """Complete checkpoints as (step, folder), oldest first; unfinished temporaries are skipped."""
+    root = storage.join(run_dir, CHECKPOINTS_DIR)
+    if not storage.isdir(root):
+        return []
+    found = []
+    for name in storage.listdir(root):
+        match = _CHECKPOINT.match(name)
+        if match:
+            found.append((int(match.group(1)), storage.join(root, name)))
+    return sorted(found)
+
+
+def latest_checkpoint(run_dir: str) -> tuple[int, str] | None:
+    """The newest complete checkpoint as (step, folder), or None."""
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
