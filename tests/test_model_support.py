@@ -129,3 +129,38 @@ def torch_logits(model, batch: dict[str, np.ndarray]) -> np.ndarray:
             attention_mask=torch.from_numpy(batch["attention_mask"].astype(np.int64)),
         )
     return out.logits.numpy()
+
+
+def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10), seed: int = 0):
+    """A run dir as `tpulm train` leaves it: config.toml, tokenizer/, checkpoints with random
+    (non-trivial: LayerNorms and biases too) weights written by tpulm.weights, metrics.jsonl.
+
+    Returns the Keras model holding the weights of the last checkpoint, and its config.
+    """
+    import shutil
+
+    from tpulm import config, rundir, weights
+    from tpulm.model import ModelConfig, build_model
+    from tpulm.tokenizer import load_tokenizer
+
+    vocab = load_tokenizer(str(tokenizer_dir)).get_vocab_size()
+    cfg = ModelConfig(vocab_size=vocab, pad_token_id=PAD_ID, **table)
+    run_dir.mkdir(parents=True)
+    tables = {"model": config.as_table(cfg), "train": {"learning_rate": 1e-4, "batch_size": 8}}
+    (run_dir / rundir.CONFIG_NAME).write_text(config.to_toml(tables))
+    shutil.copytree(tokenizer_dir, run_dir / rundir.TOKENIZER_DIR)
+    model = build_model(cfg)
+    rng = np.random.default_rng(seed)
+    for step in steps:
+        for variable in model.weights:
+            base = 1.0 if variable.path.endswith("gamma") else 0.0
+            variable.assign(base + rng.normal(0, 0.05, variable.shape).astype("float32"))
+        ckpt = Path(rundir.checkpoint_dir(str(run_dir), step))
+        ckpt.mkdir(parents=True)
+        weights.save(model.weights, str(ckpt / rundir.MODEL_WEIGHTS))
+    lines = [{"split": "train", "step": s, "time": s * 1.0, "tokens": s * 1024, "loss": 6.0,
+              "accuracy": 0.1, "learning_rate": 1e-4, "tokens_per_second": 100.0} for s in steps]
+    lines.append({"split": "eval", "step": steps[-1], "time": 99.0, "tokens": steps[-1] * 1024,
+                  "loss": 5.4321, "accuracy": 0.1234, "perplexity": 228.7})
+    (run_dir / rundir.METRICS_NAME).write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return model, cfg

@@ -28,6 +28,7 @@ from tpulm import config
 from tpulm.errors import TpulmError
 
 PRESETS = ("tiny", "small", "base", "large")
+MODEL_NAME = "roberta_mlm"  # first component of every variable path
 
 
 @dataclass(frozen=True)
@@ -360,16 +361,18 @@ class RobertaMaskedLM(keras.Model):
         return {**super().get_config(), **dataclasses.asdict(self.cfg)}
 
 
-def build_model(cfg: ModelConfig) -> keras.Model:
-    """A built (weights created) :class:`RobertaMaskedLM` under the current dtype policy.
+def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> keras.Model:
+    """A built (weights created) :class:`RobertaMaskedLM`.
 
     Args:
         cfg: model sizes; ``vocab_size`` and ``pad_token_id`` must come from the tokenizer.
+        dtype: a Keras dtype policy name (e.g. ``"float32"`` for exact inference); by default the
+            global policy (``keras.mixed_precision.set_global_policy``).
 
     Returns:
         The Keras model; call it on ``{"input_ids", "attention_mask"[, "masked_positions"]}``.
     """
-    model = RobertaMaskedLM(**dataclasses.asdict(cfg), name="roberta_mlm")
+    model = RobertaMaskedLM(**dataclasses.asdict(cfg), name=MODEL_NAME, dtype=dtype)
     model.build()
     return model
 
@@ -407,3 +410,52 @@ def load_model_preset(name_or_path: str) -> dict[str, Any]:
             f"model preset {name_or_path!r} is neither one of {', '.join(PRESETS)} nor a file"
         )
     return model_table(name_or_path)
+
+
+def run_model_config(run_dir: str) -> ModelConfig:
+    """The model config of a run dir: its ``config.toml`` ``[model]`` table, checked against the
+    run's tokenizer (``vocab_size`` and ``pad_token_id`` are filled in from it when absent).
+
+    Args:
+        run_dir: a run dir (local or remote), see :mod:`tpulm.rundir`.
+    """
+    from tpulm import rundir, storage, tokenizer
+
+    path = storage.join(run_dir, rundir.CONFIG_NAME)
+    if not storage.exists(path):
+        raise TpulmError(f"{run_dir} is not a run dir: it has no {rundir.CONFIG_NAME}")
+    table = model_table(path)
+    tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    special = tokenizer.special_tokens(tok_dir)
+    vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
+    table.setdefault("vocab_size", vocab)
+    table.setdefault("pad_token_id", special.pad_id)
+    cfg = config.from_mapping(ModelConfig, table, f"[model] of {path}")
+    if cfg.pad_token_id != special.pad_id or cfg.vocab_size < vocab:
+        raise TpulmError(
+            f"[model] of {path} (vocab_size {cfg.vocab_size}, pad_token_id {cfg.pad_token_id}) "
+            f"does not fit the tokenizer in {tok_dir} (vocab size {vocab}, pad id "
+            f"{special.pad_id}); the run dir is inconsistent"
+        )
+    return cfg
+
+
+def run_checkpoint(run_dir: str, step: int | None = None) -> tuple[int, str]:
+    """``(step, path of model.safetensors)`` of checkpoint ``step``, or of the latest one.
+
+    Args:
+        run_dir: a run dir (local or remote).
+        step: the checkpoint's step; None for the latest.
+    """
+    from tpulm import rundir, storage
+
+    found = dict(rundir.list_checkpoints(run_dir))
+    if not found:
+        raise TpulmError(f"run dir {run_dir} has no checkpoint yet; train first (`tpulm train`)")
+    if step is None:
+        step = max(found)
+    elif step not in found:
+        raise TpulmError(
+            f"run dir {run_dir} has no checkpoint of step {step}; it has steps {sorted(found)}"
+        )
+    return step, storage.join(found[step], rundir.MODEL_WEIGHTS)
