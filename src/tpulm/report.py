@@ -223,6 +223,8 @@ def _figure_class():
 
 
 def _panel(ax, title: str, ylabel: str, bottom: bool) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(title, fontsize=12, loc="left", fontweight="bold")
     if bottom:  # the panels share the step axis: label it once per column
         ax.set_xlabel("step")
@@ -230,6 +232,7 @@ def _panel(ax, title: str, ylabel: str, bottom: bool) -> None:
     ax.grid(True, color="#dddddd", linewidth=0.8)
     ax.spines[["top", "right"]].set_visible(False)
     ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
 
 
 TRAIN_STYLE = {"color": "#1f77b4", "linewidth": 1.6, "label": "train"}
@@ -263,7 +266,8 @@ def render_png(records: Sequence[Mapping[str, Any]], title: str, subtitle: str =
     _panel(acc, "Masked-token accuracy", "accuracy", bottom=False)
     _curve(acc, train, "accuracy", TRAIN_STYLE, scale=100.0)
     _curve(acc, evals, "accuracy", EVAL_STYLE, scale=100.0)
-    acc.yaxis.set_major_formatter(PercentFormatter(decimals=0))
+    acc.yaxis.set_major_formatter(PercentFormatter(decimals=None))
+    acc.set_ylim(bottom=0)
     # The scale goes into the label: matplotlib's "1e-3" offset text collides with the title.
     power = _power_of_ten([r["learning_rate"] for r in train])
     _panel(lr, "Learning rate", f"learning rate (\u00d71e{power})" if power else "learning rate",
@@ -276,6 +280,7 @@ def render_png(records: Sequence[Mapping[str, Any]], title: str, subtitle: str =
     for ax in (loss, acc):
         if ax.lines:
             ax.legend(frameon=False)
+    loss.set_xlim(left=0)  # shared by all panels; steps count from 0
     fig.suptitle(f"{title}\n{subtitle}" if subtitle else title, fontsize=13)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=DPI, facecolor="white")
