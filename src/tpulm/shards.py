@@ -318,10 +318,15 @@ def first_record_schema(path: str) -> dict[str, int]:
     """Feature name -> length of the first record of a shard (empty dict for an empty shard)."""
     import tensorflow as tf
 
-    for raw in tf.data.TFRecordDataset(path).take(1):
-        example = tf.train.Example.FromString(raw.numpy())
-        features = example.features.feature
-        return {k: len(features[k].int64_list.value) for k in sorted(features)}
+    try:
+        for raw in tf.data.TFRecordDataset(path).take(1):
+            example = tf.train.Example.FromString(raw.numpy())
+            features = example.features.feature
+            return {k: len(features[k].int64_list.value) for k in sorted(features)}
+    except tf.errors.DataLossError as err:
+        raise TpulmError(f"{path} is corrupt: {err.message.splitlines()[0]}") from None
+    except Exception as err:  # protobuf DecodeError: bytes that are no Example
+        raise TpulmError(f"{path}: first record is not a tf.train.Example ({err})") from None
     return {}
 
 
