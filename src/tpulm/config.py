@@ -189,3 +189,36 @@ def to_toml(tables: Mapping[str, Mapping[str, Any]]) -> str:
         lines.extend(f"{key} = {_toml_value(value)}" for key, value in table.items())
         lines.append("")
     return "\n".join(lines)
+
+
+def apply_overrides(tables: Mapping[str, Any], assignments: list[str]) -> dict[str, dict[str, Any]]:
+    """``TABLE.KEY=VALUE`` assignments over ``{table: {key: value}}``; VALUE is read as TOML
+    (``50``, ``true``, ``"x"``, ``["a", "b"]``), or taken as a plain string when it is not TOML."""
+    merged = {name: dict(table) for name, table in tables.items()}
+    for assignment in assignments:
+        target, sep, text = assignment.partition("=")
+        table, dot, key = target.strip().partition(".")
+        if not (sep and dot and table and key):
+            raise TpulmError(f"--set {assignment!r} must look like TABLE.KEY=VALUE, e.g. train.max_steps=50")
+        try:
+            value = tomllib.loads(f"value = {text}")["value"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        merged.setdefault(table, {})[key.strip()] = value
+    return merged
+
+
+def find_config(name_or_path: str) -> str:
+    """A config file path, or the path of a preset shipped with tpulm (``demo``, ``reference`` ...)."""
+    from importlib import resources
+
+    from tpulm.storage import exists
+
+    if exists(name_or_path):
+        return name_or_path
+    shipped = resources.files("tpulm") / "configs" / f"{name_or_path}.toml"
+    if shipped.is_file():
+        return str(shipped)
+    names = sorted(p.name[: -len(".toml")] for p in (resources.files("tpulm") / "configs").iterdir()
+                   if p.name.endswith(".toml"))
+    raise TpulmError(f"config {name_or_path!r} is neither a file nor a preset ({', '.join(names)})")

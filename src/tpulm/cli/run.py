@@ -1,0 +1,44 @@
+"""``tpulm run``: the whole pipeline from one config (the offline demo by default)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+ORDER = 50
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        aliases=["demo"],
+        help="run every stage: corpus, tokenizer, shards, training, export, report, fill-mask",
+        description=(
+            "Run the pipeline of a root config (tables [run], [tokenizer], [data], [model], "
+            "[train]) into one work dir. Stages already complete with the same settings are "
+            "skipped; an interrupted stage resumes; a changed setting reruns its stage and those "
+            "after it. Without --config: the offline demo on English text shipped with Python."
+        ),
+    )
+    parser.add_argument("--config", default="demo",
+                        help="TOML file or shipped preset: demo (default), reference")
+    parser.add_argument("--work-dir", help="output folder, overrides [run] work_dir")
+    parser.add_argument("--dataset", help="🤗 dataset NAME or NAME:CONFIG (needs network), "
+                                          "e.g. wikitext:wikitext-103-raw-v1")
+    parser.add_argument("--set", dest="assignments", action="append", default=[],
+                        metavar="TABLE.KEY=VALUE", help="override one setting, e.g. train.max_steps=50")
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tpulm import config, pipeline
+
+    path = config.find_config(args.config)
+    assignments = list(args.assignments)
+    if args.work_dir:
+        assignments.append(f"run.work_dir={json.dumps(args.work_dir)}")
+    if args.dataset:
+        assignments.append(f"run.dataset={json.dumps(args.dataset)}")
+    tables = config.apply_overrides(config.load_toml(path), assignments)
+    pipeline.run(tables, path)
+    return 0
