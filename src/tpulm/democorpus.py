@@ -295,12 +295,13 @@ def _noise(line: str) -> bool:
 
 def _opens_block(current: list[str], line: str, indent: int) -> bool:
     # A line ending in ':' introduces an indented block (code, a list), and a lone name heads
-    # its indented description (Argument Clinic style): that block stands alone.
+    # its indented description (Argument Clinic style), as does a signature: that block stands
+    # alone.
     if _indent(line) <= indent:
         return False
     if current[-1].rstrip().endswith(":"):
         return True
-    return len(current) == 1 and bool(_NAME.match(current[0]))
+    return len(current) == 1 and bool(_NAME.match(current[0]) or _SIGNATURE.match(current[0]))
 
 
 def _flush(current: list[str]) -> Iterator[str]:
