@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -82,13 +84,24 @@ def test_info_is_recorded_and_read_back(corpus):
     assert democorpus.read_corpus_info(corpus.out_dir + "-missing") is None
 
 
-def test_well_known_phrasings_are_there(corpus):
-    # The fill-mask prompts of the demo rely on these phrasings being common.
-    text = "".join(Path(corpus.files[s]).read_text() for s in democorpus.SPLITS)
-    assert text.count("Return True if") > 100
-    assert text.count("current working directory") >= 10
-    assert text.count("backward compatibility") >= 10
-    assert text.count("an instance of") >= 30
+# For each fill-mask prompt of the demo, the phrasing of the corpus that teaches its answer.
+EVIDENCE = {
+    "True": r"\bReturn (\w+) if\b",
+    "number": r"\bthe (\w+) of (?:bytes|items|elements|characters|lines)\b",
+    "instance": r"\ban (\w+) of\b",
+    "current": r"\bthe (\w+) working directory\b",
+    "copy": r"\bshallow (\w+)\b",
+}
+
+
+@pytest.mark.parametrize(("prompt", "answer"), democorpus.FILL_MASK_PROMPTS)
+def test_fill_mask_answers_are_what_the_corpus_says(corpus, prompt, answer):
+    # In the prompt's context the answer is the most frequent word, and a common one.
+    text = " ".join(Path(corpus.files[s]).read_text() for s in democorpus.SPLITS)
+    assert re.search(EVIDENCE[answer], prompt.replace("[MASK]", answer))
+    fillers = Counter(re.findall(EVIDENCE[answer], text))
+    assert fillers.most_common(1)[0][0] == answer, fillers.most_common(5)
+    assert fillers[answer] >= 5 and fillers[answer] >= 0.3 * sum(fillers.values())
 
 
 DOCSTRING = '''Frobnicate the widget.
@@ -170,7 +183,7 @@ def _fake_stdlib(root: Path) -> None:
         "def f():\n    '''Return the answer to the question that was asked.'''\n"
     )
     (root / "pkg" / "beta.py").write_text('"""The beta module lives inside of a package."""\n')
-    (root / "test" / "test_alpha.py").write_text('"""Test that the alpha module works as it should."""\n')
+    (root / "test" / "test_alpha.py").write_text('"""Test that alpha works as it should."""\n')
     (root / "broken.py").write_text('"""A file that does not parse is skipped as a whole.\n')
     (root / "pydoc_data" / "topics.py").write_text(
         "topics = {'zeta': 'The zeta topic is sorted after the other one.',\n"

@@ -259,3 +259,22 @@ def test_hub_error_without_token(tmp_path, monkeypatch):
         hf.check_hub_access("someone/tiny-roberta")
     with pytest.raises(TpulmError, match="not a valid Hub repo id"):
         hf.check_hub_access("not a repo id!")
+
+
+def test_export_from_remote_run_dir(run, tmp_path):
+    """Run dirs on any tf.io.gfile scheme (gs:// in production; ram:// here) export alike."""
+    tf = pytest.importorskip("tensorflow")
+    run_dir = run[0]
+    remote = "ram://tpulm-test-run"
+    for local in sorted(run_dir.rglob("*")):
+        target = f"{remote}/{local.relative_to(run_dir).as_posix()}"
+        if local.is_dir():
+            tf.io.gfile.makedirs(target)
+        else:
+            tf.io.gfile.makedirs(target.rsplit("/", 1)[0])
+            tf.io.gfile.copy(str(local), target, overwrite=True)
+    from_remote, local = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    hf.write_export(remote, str(from_remote))
+    hf.write_export(str(run_dir), str(local))
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md"):
+        assert (from_remote / name).read_bytes() == (local / name).read_bytes(), name

@@ -180,3 +180,16 @@ def test_preset_errors():
         config.resolve(ModelConfig, table={"hidden_size": 30, "num_heads": 4}, vocab_size=10)
     with pytest.raises(ValueError, match="pad_token_id"):
         ModelConfig(vocab_size=4, pad_token_id=7)
+
+
+def test_xla_compiled_model_matches_eager(pair, tokenizer, texts):
+    """Training compiles the model with XLA (jit_compile): same logits, gathered path too."""
+    tf = pytest.importorskip("tensorflow")
+    _, model = pair
+    batch = padded_batch(tokenizer, texts[:4], max_len=64)
+    batch["masked_positions"] = np.array([[1, 4], [2, 3], [0, 5], [6, 1]], dtype=np.int32)
+    compiled = tf.function(lambda b: model(b, training=False), jit_compile=True)
+    np.testing.assert_allclose(compiled(batch).numpy(), _keras_logits(model, batch),
+                               atol=1e-6, rtol=0)
+    train = tf.function(lambda b: model(b, training=True), jit_compile=True)
+    assert train(batch).shape == (4, 2, model.cfg.vocab_size)

@@ -35,7 +35,8 @@ def make_records(first: int = LOG_EVERY, last: int = STEPS, shift: float = 0.0) 
         if step % EVAL_EVERY == 0:
             eval_loss = loss + 0.2
             records.append({
-                "split": "eval", "step": step, "time": 1.25 * step + 3, "tokens": step * BATCH * SEQ,
+                "split": "eval", "step": step, "time": 1.25 * step + 3,
+                "tokens": step * BATCH * SEQ,
                 "loss": eval_loss, "accuracy": 0.48 * (1 - math.exp(-step / 150)),
                 "perplexity": math.exp(eval_loss),
             })
@@ -92,7 +93,8 @@ def test_report_of_a_local_run(tmp_path):
     records = make_records()
     write_run(str(tmp_path), records)
     result = report.run(str(tmp_path))
-    assert result.png == str(tmp_path / "report.png") and result.html == str(tmp_path / "report.html")
+    assert result.png == str(tmp_path / "report.png")
+    assert result.html == str(tmp_path / "report.html")
 
     image = matplotlib_image.imread(result.png)
     width, height = report.FIGSIZE[0] * report.DPI, report.FIGSIZE[1] * report.DPI

@@ -58,6 +58,17 @@ TOPICS_FILE = "pydoc_data/topics.py"
 # Modules implemented in C whose docstrings are prose ("Return the square root of x.").
 RUNTIME_MODULES = ("builtins", "math", "cmath", "itertools", "array")
 
+# Fill-mask prompts for a model trained on this corpus, with the expected answer: in the corpus,
+# the answer is the most frequent word in the prompt's context (137 of 185 "Return _ if" are
+# "Return True if" on Python 3.11) and one token of a Unigram tokenizer trained on the corpus.
+FILL_MASK_PROMPTS = (
+    ("Return [MASK] if the object is a class.", "True"),
+    ("Return the [MASK] of items in the queue.", "number"),
+    ("Return an [MASK] of the class.", "instance"),
+    ("The path is relative to the [MASK] working directory of the process.", "current"),
+    ("Return a shallow [MASK] of the list.", "copy"),
+)
+
 MIN_WORDS = 5
 MIN_CHARS = 30
 
@@ -284,12 +295,13 @@ def _noise(line: str) -> bool:
 
 def _opens_block(current: list[str], line: str, indent: int) -> bool:
     # A line ending in ':' introduces an indented block (code, a list), and a lone name heads
-    # its indented description (Argument Clinic style): that block stands alone.
+    # its indented description (Argument Clinic style), as does a signature: that block stands
+    # alone.
     if _indent(line) <= indent:
         return False
     if current[-1].rstrip().endswith(":"):
         return True
-    return len(current) == 1 and bool(_NAME.match(current[0]))
+    return len(current) == 1 and bool(_NAME.match(current[0]) or _SIGNATURE.match(current[0]))
 
 
 def _flush(current: list[str]) -> Iterator[str]:
