@@ -251,7 +251,9 @@ class ShardWriter:
         self._tmp: str | None = None
         self._records = 0
         self._tokens = 0
-        self.before_rename: Callable[[], None] | None = None  # hook run before each rename
+        # Hooks around each shard's rename, e.g. to record progress the moment a shard is final.
+        self.before_rename: Callable[[], None] | None = None
+        self.after_rename: Callable[[ShardInfo], None] | None = None
 
     def _open(self) -> None:
         import tensorflow as tf
@@ -269,6 +271,8 @@ class ShardWriter:
         info = ShardInfo(file=name, records=self._records, tokens=self._tokens)
         self._writer, self._tmp = None, None
         self.index, self._records, self._tokens = self.index + 1, 0, 0
+        if self.after_rename is not None:
+            self.after_rename(info)
         return info
 
     def add(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[ShardInfo]:
