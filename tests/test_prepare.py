@@ -126,6 +126,8 @@ def test_records_are_byte_identical_to_protobuf():
         mask = np.ones_like(ids)
         if high == 50_000:
             mask[-1, 20:] = 0
+        if high == 128:  # not a 0/1 mask: must not take the all-ones shortcut
+            mask[0, 0] = 2
         for record, row, row_mask in zip(encoder.encode(ids, mask), ids, mask):
             example = tf.train.Example(features=tf.train.Features(feature={
                 "input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=row.tolist())),

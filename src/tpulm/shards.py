@@ -216,7 +216,7 @@ class ExampleEncoder:
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[bytes]:
         """One serialised Example per row of the two (records, max_length) arrays."""
         ids_bytes, ids_off = encode_varints(input_ids)
-        if attention_mask.all():  # full blocks (all but a padded last one): one row for all
+        if (attention_mask == 1).all():  # full blocks (all but a padded last one): one row for all
             masks = [b"\x01" * attention_mask.shape[1]] * len(attention_mask)
         else:
             mask_bytes, mask_off = encode_varints(attention_mask)
