@@ -202,7 +202,10 @@ def _check_existing(plan: _Plan) -> _Resume | shards.Manifest:
     problem = _mismatch(progress.get("identity", {}), plan.identity, plan.split_dir)
     if problem:
         raise TpulmError(problem)
-    resume = _Resume(**progress["resume"])
+    try:
+        resume = _Resume(**progress["resume"])
+    except (KeyError, TypeError):
+        raise TpulmError(f"{progress_path} is damaged; delete the folder and rerun") from None
     names = {p.rsplit("/", 1)[-1] for p in existing}
     full = [shards.shard_name(i, plan.identity["shard_size"]) for i in range(resume.shards)]
     if not names.issuperset(full):  # a finished shard was deleted by hand: start over
@@ -226,7 +229,7 @@ _DONE = object()
 
 
 def _tokenize(tok, batches: Iterator[list[str]], out: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: put (first sample index, encodings) per batch, then _DONE or an exception.
+    """Reader thread: put the encodings of each batch, then _DONE, or the exception raised.
 
     ``encode_batch_fast`` (no character offsets, which packing never needs) runs in Rust on all
     cores without the GIL, so it overlaps with packing and writing in the calling thread.
