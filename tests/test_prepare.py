@@ -323,3 +323,15 @@ def test_cli_prepare_with_config_file(tmp_path, tok_dir, small_corpus, capsys):
     assert not (tmp_path / "ignored").exists()
     assert cli.main(["data", "prepare", "--config", str(config_file), "--max-length", "1"]) == 2
     assert "max_length 1 is out of range" in capsys.readouterr().err
+
+
+def test_jsonl_input_with_text_field(tmp_path, tok_dir, small_corpus):
+    lines = [l for l in small_corpus.read_text(encoding="utf-8").split("\n") if l.strip()]
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("".join(json.dumps({"id": i, "body": l}) + "\n" for i, l in enumerate(lines)), encoding="utf-8")
+    from_jsonl = prepare.run(small_config(tok_dir, jsonl, tmp_path / "j", text_field="body"))
+    from_text = prepare.run(small_config(tok_dir, small_corpus, tmp_path / "t"))
+    assert from_jsonl.splits["train"].samples == from_text.splits["train"].samples == len(lines)
+    names = sorted(os.listdir(tmp_path / "t" / "train"))
+    for name in names[:-1]:  # shards; the manifests differ in their source only
+        assert (tmp_path / "j" / "train" / name).read_bytes() == (tmp_path / "t" / "train" / name).read_bytes()
