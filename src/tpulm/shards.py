@@ -5,6 +5,10 @@ A split folder holds ``dataset-<shard index>-<records in shard>.tfrecord`` files
 ``attention_mask`` (the reference recipe's schema, so its shards train here too), plus
 ``manifest.json`` describing them. Readers take record counts from the manifest when there is one,
 else from the file names, as the reference recipe's trainer does.
+
+This module holds the names and manifest, the record encoder (:class:`ExampleEncoder`, numpy
+varints, byte-identical to ``tf.train.Example.SerializeToString(deterministic=True)``), the
+atomic :class:`ShardWriter`, and readers (:func:`iter_blocks`, :func:`first_record_schema`).
 """
 
 from __future__ import annotations
