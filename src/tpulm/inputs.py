@@ -2,7 +2,8 @@
 
 Training data is an endless sequence of epochs. Each epoch is a pure function of (seed, epoch):
 the file order is a stateless shuffle, files are read in parallel with a deterministic interleave,
-records pass a seeded shuffle buffer, are batched with ``drop_remainder`` (static shapes), then
+records are permuted within windows of ``shuffle_buffer`` records (a stateless, seeded stand-in
+for a shuffle buffer, whose seed cannot depend on the epoch tensor), are batched with ``drop_remainder`` (static shapes), then
 parsed and masked with a seed derived from (seed, epoch, batch index). So a fixed seed gives a
 fixed order, and a run resumed after ``n`` batches rebuilds the exact same stream from batch ``n``
 (``start_batch``) — the data position of a checkpoint is one integer.
@@ -145,10 +146,13 @@ def training_dataset(
             num_parallel_calls=AUTOTUNE,
             deterministic=True,
         )
-        shuffle_seed = tf.random.stateless_uniform(
-            [], epoch_seed, minval=0, maxval=2**62, dtype=tf.int64
-        )
-        ds = ds.shuffle(shuffle_buffer, seed=shuffle_seed, reshuffle_each_iteration=False)
+        # Sample shuffle: windows of `shuffle_buffer` records, each permuted by a stateless
+        # shuffle seeded per (epoch, window); tf.data's shuffle takes no tensor seed.
+        ds = ds.batch(shuffle_buffer).enumerate().map(
+            lambda w, records: tf.random.experimental.stateless_shuffle(
+                records, seed=tf.random.experimental.stateless_fold_in(epoch_seed, -1 - w)
+            )
+        ).unbatch()
         ds = ds.batch(batch, drop_remainder=True).enumerate()
         ds = ds.skip(tf.where(e == first_epoch, tf.constant(skip, tf.int64), 0))
         return ds.map(
@@ -185,7 +189,7 @@ def eval_dataset(
         filler_ids: (cls id, pad id) for the filler rows.
         input_context: set by ``tf.distribute`` for per-worker file sharding.
     """
-    files, _, batch = _shard_for_pipeline(shard_set, batch_size, input_context)
+    files, records, batch = _shard_for_pipeline(shard_set, batch_size, input_context)
     length = shard_set.max_length
     cls_id, pad_id = filler_ids
     filler = tf.train.Example(
@@ -199,6 +203,7 @@ def eval_dataset(
     ds = tf.data.TFRecordDataset(list(files), num_parallel_reads=min(len(files), _CYCLE_LENGTH))
     ds = ds.concatenate(tf.data.Dataset.from_tensors(filler).repeat(batch - 1))
     ds = ds.batch(batch, drop_remainder=True).enumerate()
+    ds = ds.apply(tf.data.experimental.assert_cardinality(-(-records // batch)))
     base_seed = tf.constant([seed, 2**31 - 1], tf.int64)  # disjoint from training epochs
     parse_and_mask = _parse_and_mask(length, masker)
     ds = ds.map(
