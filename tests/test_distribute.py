@@ -47,9 +47,9 @@ def test_two_replicas_match_one_replica(tmp_path, wikitext_dir):
     """Same global batch (8) on 1 and on 2 replicas: same losses and weights after 4 steps.
 
     Gradient clipping (0.05) is active, so this also checks that the clipped norm is the global
-    one. Only the order of float32 reductions differs between the runs: losses agree to 2e-5
-    relative; weights to 1e-6 almost everywhere, and to 1e-4 (2.5% of the 4 x 1e-3 Adam
-    updates) where Adam's normalised update amplifies the noise of near-zero gradients.
+    one. Only the order of float32 reductions differs between the runs: losses agree to 1e-6
+    relative, weights to 1e-6 absolute (measured: 7.5e-9; the 4 Adam updates move each weight
+    by up to 4e-3).
     """
     from safetensors.numpy import load_file
 
@@ -64,11 +64,10 @@ def test_two_replicas_match_one_replica(tmp_path, wikitext_dir):
     assert "strategy mirrored_cpus with 2 replica(s)" in proc.stderr
     assert json.loads(proc.stdout.split("RESULT", 1)[1]) == [4 * 8 * 32] * 2
     one, two = tmp_path / "one", tmp_path / "two"
-    np.testing.assert_allclose(_losses(two), _losses(one), rtol=2e-5)
+    np.testing.assert_allclose(_losses(two), _losses(one), rtol=1e-6)
     assert len(_losses(one)) == 4
     w1 = load_file(str(one / "checkpoints/ckpt-000000004/model.safetensors"))
     w2 = load_file(str(two / "checkpoints/ckpt-000000004/model.safetensors"))
     assert w1.keys() == w2.keys()
-    diffs = np.concatenate([np.abs(w2[k] - w1[k]).ravel() for k in w1])
-    assert diffs.max() < 1e-4
-    assert (diffs < 1e-6).mean() > 0.999
+    for name in w1:
+        np.testing.assert_allclose(w2[name], w1[name], rtol=0, atol=1e-6, err_msg=name)
