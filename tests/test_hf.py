@@ -1,0 +1,280 @@
+"""Export to / import from Transformers: logits, tensors, errors, atomicity, Hub upload guard."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import keras  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+from tpulm import hf, rundir, weights  # noqa: E402
+from tpulm.cli import main  # noqa: E402
+from tpulm.errors import TpulmError  # noqa: E402
+from tpulm.model import build_model, load_model_preset  # noqa: E402
+from test_model_support import (  # noqa: E402
+    PAD_ID, hf_model, make_run_dir, packed_batch, padded_batch, sentences, torch_logits,
+    train_reference_tokenizer, wikitext_lines)
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def lines(wikitext_dir):
+    return wikitext_lines(wikitext_dir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(lines, tmp_path_factory):
+    return train_reference_tokenizer(lines, tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture(scope="module")
+def run(tokenizer_dir, tmp_path_factory):
+    """(run dir, keras model of its latest checkpoint, config)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "run"
+    model, cfg = make_run_dir(run_dir, tokenizer_dir, load_model_preset("tiny"))
+    return run_dir, model, cfg
+
+
+@pytest.fixture(scope="module")
+def exported(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("exports") / "model"
+    assert main(["export", str(run[0]), str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tokenizer_dir):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+
+
+def _torch_from(folder):
+    return transformers.AutoModelForMaskedLM.from_pretrained(str(folder)).eval()
+
+
+def test_export_folder_and_config(exported, run):
+    _, _, cfg = run
+    assert sorted(os.listdir(exported)) == [
+        "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
+        "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["RobertaForMaskedLM"] and config["model_type"] == "roberta"
+    # Token roles from this tokenizer (reference Unigram), not roberta-base's 1/0/2.
+    assert (config["pad_token_id"], config["bos_token_id"], config["eos_token_id"]) == (3, 0, 1)
+    assert config["vocab_size"] == cfg.vocab_size and config["layer_norm_eps"] == 1e-5
+    card = (exported / "README.md").read_text()
+    for fact in ("step 10", "10,240", "5.4321", "0.1234", "`[MASK]`", "pipeline_tag: fill-mask",
+                 "learning_rate = 0.0001"):
+        assert fact in card, fact
+
+
+def test_exported_model_logits_match_keras(exported, run, tokenizer, lines):
+    _, model, _ = run
+    torch_model = _torch_from(exported)
+    texts = sentences(lines[-30:], 40)
+    padded = padded_batch(tokenizer, texts[:8], max_len=128)
+    packed = packed_batch(tokenizer, texts, rows=2, length=128)
+    assert (padded["attention_mask"] == 0).any()
+    assert (packed["input_ids"][:, 1:-1] == tokenizer.token_to_id("[SEP]")).any()
+    for batch in (padded, packed):
+        real = batch["attention_mask"].astype(bool)
+        got = keras.ops.convert_to_numpy(model(batch, training=False))
+        np.testing.assert_allclose(got[real], torch_logits(torch_model, batch)[real],
+                                   atol=TOL, rtol=0)
+
+
+def test_pipeline_top5_equals_tpulm_fill_mask(exported, run, capsys):
+    texts = ["The game was released in [MASK] .", "He was born in the [MASK] of the city .",
+             "The [MASK] of the song was [MASK] ."]
+    pipe = transformers.pipeline("fill-mask", model=str(exported), top_k=5)
+    expected = [pipe(t) for t in texts]
+    for source in (exported, run[0]):  # the export and the run dir answer alike
+        assert main(["fill-mask", str(source), "--json", *texts]) == 0
+        got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(got) == len(texts)
+        for want, have in zip(expected, got):
+            want_rows = want if isinstance(want[0], list) else [want]
+            have_rows = have if isinstance(have[0], list) else [have]
+            assert len(want_rows) == len(have_rows)
+            for w_row, h_row in zip(want_rows, have_rows):
+                assert [h["token"] for h in h_row] == [w["token"] for w in w_row]
+                assert [h["token_str"] for h in h_row] == [w["token_str"] for w in w_row]
+                assert [h["sequence"] for h in h_row] == [w["sequence"] for w in w_row]
+                np.testing.assert_allclose([h["score"] for h in h_row],
+                                           [w["score"] for w in w_row], atol=1e-5)
+
+
+def test_export_of_older_step_and_unknown_step(run, tmp_path):
+    run_dir, _, cfg = run
+    assert main(["export", str(run_dir), str(tmp_path / "s5"), "--step", "5"]) == 0
+    exported = load_file(str(tmp_path / "s5" / "model.safetensors"))
+    ckpt = weights.read(str(Path(rundir.checkpoint_dir(str(run_dir), 5)) / "model.safetensors"))
+    np.testing.assert_array_equal(
+        exported["lm_head.dense.weight"], ckpt["roberta_mlm/lm_head/dense/kernel"].T)
+    with pytest.raises(TpulmError, match=r"no checkpoint of step 7.*\[5, 10\]"):
+        hf.write_export(str(run_dir), str(tmp_path / "s7"), step=7)
+
+
+def test_failed_export_leaves_no_folder(run, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(hf, "_write_tokenizer", broken)
+    with pytest.raises(OSError, match="disk full"):
+        hf.write_export(str(run[0]), str(tmp_path / "out"))
+    assert os.listdir(tmp_path) == []
+
+
+def test_existing_export_needs_overwrite(run, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(TpulmError, match="--overwrite"):
+        hf.write_export(str(run[0]), str(out))
+    hf.write_export(str(run[0]), str(out), overwrite=True)
+    assert "old.txt" not in os.listdir(out) and (out / "model.safetensors").exists()
+    assert os.listdir(tmp_path) == ["out"]
+
+
+@pytest.fixture(scope="module")
+def hf_dir(run, tokenizer_dir, tmp_path_factory):
+    """A checkpoint saved by Transformers itself (save_pretrained) with its tokenizer."""
+    _, _, cfg = run
+    folder = tmp_path_factory.mktemp("hf") / "roberta"
+    model = hf_model(cfg, seed=3)
+    model.config.architectures = ["RobertaForMaskedLM"]
+    model.save_pretrained(str(folder))
+    transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(folder))
+    return folder
+
+
+def test_round_trip_hf_tpulm_hf_is_exact(hf_dir, tmp_path, tokenizer, lines):
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    assert main(["import", str(hf_dir), str(run_dir)]) == 0
+    assert main(["export", str(run_dir), str(out)]) == 0
+    original, back = load_file(str(hf_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert sorted(back) == sorted(original)
+    for key, value in original.items():
+        assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
+    # The imported checkpoint loads with tpulm.weights into build_model (training resumes from it).
+    from tpulm.model import run_checkpoint, run_model_config
+
+    cfg = run_model_config(str(run_dir))
+    step, path = run_checkpoint(str(run_dir))
+    model = build_model(cfg)
+    weights.load(model.weights, path)
+    batch = padded_batch(tokenizer, sentences(lines[:20], 6), max_len=128)
+    real = batch["attention_mask"].astype(bool)
+    ref = torch_logits(_torch_from(hf_dir), batch)
+    got = keras.ops.convert_to_numpy(model(batch, training=False))
+    assert step == 0
+    np.testing.assert_allclose(got[real], ref[real], atol=TOL, rtol=0)
+
+
+def test_import_rejects_other_architectures(hf_dir, tmp_path):
+    import shutil
+
+    bert = tmp_path / "bert"
+    shutil.copytree(hf_dir, bert)
+    config = json.loads((bert / "config.json").read_text())
+    config.update(model_type="bert", architectures=["BertForMaskedLM"])
+    (bert / "config.json").write_text(json.dumps(config))
+    with pytest.raises(TpulmError, match="BertForMaskedLM"):
+        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(bert), run_dir=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
+def test_import_lists_missing_and_unexpected_tensors(hf_dir, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    state = load_file(str(broken / "model.safetensors"))
+    del state["roberta.encoder.layer.1.output.dense.weight"]
+    del state["lm_head.bias"]
+    state["roberta.pooler.dense.weight"] = np.zeros((2, 2), np.float32)
+    save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(TpulmError) as err:
+        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(broken), run_dir=str(tmp_path / "r")))
+    message = str(err.value)
+    for name in ("roberta.encoder.layer.1.output.dense.weight", "lm_head.bias",
+                 "roberta.pooler.dense.weight"):
+        assert name in message
+    assert not (tmp_path / "r").exists()
+
+
+def test_pickle_only_with_allow_pickle(hf_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    pickled = tmp_path / "pickled"
+    shutil.copytree(hf_dir, pickled)
+    state = load_file(str(pickled / "model.safetensors"))
+    (pickled / "model.safetensors").unlink()
+    torch.save({k: torch.from_numpy(v) for k, v in state.items()}, pickled / "pytorch_model.bin")
+    with pytest.raises(TpulmError, match="--allow-pickle"):
+        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(pickled), run_dir=str(tmp_path / "r")))
+    assert main(["import", str(pickled), str(tmp_path / "r"), "--allow-pickle"]) == 0
+    assert main(["export", str(tmp_path / "r"), str(tmp_path / "out")]) == 0
+    back = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert all(np.array_equal(back[k], v) for k, v in state.items())
+
+
+def test_hub_upload_files_and_offline_error(run, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_not_to_be_written")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "out"
+    code = main(["export", str(run[0]), str(out), "--push-to-hub", "someone/tiny-roberta"])
+    err = capsys.readouterr().err
+    assert code == 2 and "HF_HUB_OFFLINE" in err and f"the export stays in {out}" in err
+    assert "hf_secret" not in err
+    assert sorted(hf.hub_files(str(out))) == sorted(os.listdir(out)) == [
+        "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
+        "tokenizer.json", "tokenizer_config.json"]
+    for name in os.listdir(out):
+        assert b"hf_secret" not in (out / name).read_bytes()
+    assert "someone/tiny-roberta" in (out / "README.md").read_text()
+
+
+def test_hub_error_without_token(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "none"))
+    with pytest.raises(TpulmError, match="no Hugging Face token"):
+        hf.check_hub_access("someone/tiny-roberta")
+    with pytest.raises(TpulmError, match="not a valid Hub repo id"):
+        hf.check_hub_access("not a repo id!")
+
+
+def test_export_from_remote_run_dir(run, tmp_path):
+    """Run dirs on any tf.io.gfile scheme (gs:// in production; ram:// here) export alike."""
+    tf = pytest.importorskip("tensorflow")
+    run_dir = run[0]
+    remote = "ram://tpulm-test-run"
+    for local in sorted(run_dir.rglob("*")):
+        target = f"{remote}/{local.relative_to(run_dir).as_posix()}"
+        if local.is_dir():
+            tf.io.gfile.makedirs(target)
+        else:
+            tf.io.gfile.makedirs(target.rsplit("/", 1)[0])
+            tf.io.gfile.copy(str(local), target, overwrite=True)
+    from_remote, local = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    hf.write_export(remote, str(from_remote))
+    hf.write_export(str(run_dir), str(local))
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md"):
+        assert (from_remote / name).read_bytes() == (local / name).read_bytes(), name
