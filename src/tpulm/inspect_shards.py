@@ -162,7 +162,9 @@ def inspect_split(split_dir: str, tok_dir: str | None, decode: int) -> SplitRepo
     files = shards.list_shards(split_dir)
     report.shards = len(files)
     _check_names(report, files)
-    tok_dir = tok_dir or (manifest.arguments.get("tokenizer") if manifest else None)
+    if tok_dir is None and manifest is not None:  # the manifest's, when it is still there
+        named = manifest.arguments.get("tokenizer")
+        tok_dir = named if named and storage.exists(storage.join(named, tokenizer.TOKENIZER_FILE)) else None
     vocab = manifest.vocab_size if manifest else None
     if vocab is None and tok_dir:
         vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)

@@ -126,19 +126,14 @@ class _Plan:
     identity: dict[str, Any]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Resume:
-    """Where a split continues: after ``shards`` (infos of the finished shards)."""
+    """Where a split continues: after ``shards`` full shards, at sample ``next_sample`` of which
+    the first ``skip_tokens`` tokens are already in those shards."""
 
-    shards: list[dict[str, Any]]  # ShardInfo fields + next_sample, skip_tokens
-
-    @property
-    def next_sample(self) -> int:
-        return self.shards[-1]["next_sample"] if self.shards else 0
-
-    @property
-    def skip_tokens(self) -> int:
-        return self.shards[-1]["skip_tokens"] if self.shards else 0
+    shards: int = 0
+    next_sample: int = 0
+    skip_tokens: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,7 +180,7 @@ def _read_json(path: str) -> dict[str, Any]:
 def _check_existing(plan: _Plan) -> _Resume | shards.Manifest:
     """The finished manifest, or where to resume; an error for a folder of other shards."""
     if not storage.isdir(plan.split_dir):
-        return _Resume(shards=[])
+        return _Resume()
     manifest = shards.read_manifest(plan.split_dir)
     if manifest is not None:
         found = {**manifest.arguments, "tokenizer_fingerprint": manifest.tokenizer_fingerprint,
@@ -202,22 +197,27 @@ def _check_existing(plan: _Plan) -> _Resume | shards.Manifest:
                 f"{plan.split_dir} holds shards of unknown origin (no manifest.json); "
                 "choose another --output or delete that folder"
             )
-        return _Resume(shards=[])
+        return _Resume()
     progress = _read_json(progress_path)
     problem = _mismatch(progress.get("identity", {}), plan.identity, plan.split_dir)
     if problem:
         raise TpulmError(problem)
+    try:
+        resume = _Resume(**progress["resume"])
+    except (KeyError, TypeError):
+        raise TpulmError(f"{progress_path} is damaged; delete the folder and rerun") from None
     names = {p.rsplit("/", 1)[-1] for p in existing}
-    done = []
-    for entry in progress.get("shards", []):  # keep the longest prefix whose files exist
-        if entry["file"] not in names:
-            break
-        done.append(entry)
-    return _Resume(shards=done)
+    full = [shards.shard_name(i, plan.identity["shard_size"]) for i in range(resume.shards)]
+    if not names.issuperset(full):  # a finished shard was deleted by hand: start over
+        log.warning("%s: finished shards are missing; preparing the split again", plan.split_dir)
+        return _Resume()
+    return resume
 
 
-def _write_progress(plan: _Plan, done: list[dict[str, Any]]) -> None:
-    text = json.dumps({"identity": plan.identity, "shards": done}, indent=1, sort_keys=True)
+def _write_progress(plan: _Plan, resume: _Resume) -> None:
+    """Record the identity and the latest resume point (small: rewritten after every shard)."""
+    state = {"identity": plan.identity, "resume": dataclasses.asdict(resume)}
+    text = json.dumps(state, indent=1, sort_keys=True)
     storage.write_text(storage.join(plan.split_dir, PROGRESS_NAME), text + "\n")
 
 
@@ -229,7 +229,7 @@ _DONE = object()
 
 
 def _tokenize(tok, batches: Iterator[list[str]], out: queue.Queue, stop: threading.Event) -> None:
-    """Reader thread: put (first sample index, encodings) per batch, then _DONE or an exception.
+    """Reader thread: put the encodings of each batch, then _DONE, or the exception raised.
 
     ``encode_batch_fast`` (no character offsets, which packing never needs) runs in Rust on all
     cores without the GIL, so it overlaps with packing and writing in the calling thread.
@@ -287,18 +287,23 @@ class _Packer:
 
     def __init__(self, plan: _Plan, cfg: PrepareConfig, resume: _Resume, pad_id: int):
         self.plan, self.cfg, self.pad_id = plan, cfg, pad_id
-        self.done = list(resume.shards)
         self.block_tokens = cfg.shard_size * cfg.max_length  # tokens per full shard
+        self.done = [  # infos of the finished shards; full ones are all alike
+            shards.ShardInfo(shards.shard_name(i, cfg.shard_size), cfg.shard_size, self.block_tokens)
+            for i in range(resume.shards)
+        ]
         self.sample = resume.next_sample  # index of the next batch's first sample
-        self.pos = len(self.done) * self.block_tokens - resume.skip_tokens
+        self.pos = resume.shards * self.block_tokens - resume.skip_tokens
         self.skip = resume.skip_tokens
         self.carry = np.zeros(0, np.int64)  # (< max_length,) tokens waiting for a block
         self.writer = shards.ShardWriter(plan.split_dir, cfg.shard_size, first_index=len(self.done))
         self.writer.before_rename = self._save_identity
+        self.writer.after_rename = self._record
+        self._lengths = np.zeros(0, np.int64)  # (samples,) token counts of the current batch
 
     def _save_identity(self) -> None:
         if not self.done:  # before the first shard is renamed into place
-            _write_progress(self.plan, self.done)
+            _write_progress(self.plan, _Resume())
 
     def add(self, encodings: list) -> int:
         """Pack one batch; returns the number of tokens it added to the stream."""
@@ -307,38 +312,40 @@ class _Packer:
         n = len(stream) // self.cfg.max_length
         blocks = stream[: n * self.cfg.max_length].reshape(n, self.cfg.max_length)
         self.carry = stream[n * self.cfg.max_length :].copy()
-        for info in self.writer.add(blocks, np.ones_like(blocks)):
-            self._record(info, lengths)
+        self._lengths = lengths
+        self.writer.add(blocks, np.ones_like(blocks))  # calls _record per finished shard
         self.sample += len(lengths)
         self.pos += int(lengths.sum())
         added = len(flat) - self.skip
         self.skip = 0
         return added
 
-    def _record(self, info: shards.ShardInfo, lengths: np.ndarray) -> None:
-        """Note where the stream stands at the end of a full shard (it ends in this batch)."""
+    def _record(self, info: shards.ShardInfo) -> None:
+        """Note where the stream stands at the end of a shard just renamed into place; a full
+        shard ends in the current batch."""
         end = len(self.done) + 1
         offset = end * self.block_tokens - self.pos  # into this batch, in (0, batch tokens]
-        cum = np.cumsum(lengths)
+        cum = np.cumsum(self._lengths)
         used = int(np.searchsorted(cum, offset, side="right"))  # samples wholly in the shards
         skip = offset - (int(cum[used - 1]) if used else 0)
-        self.done.append({**dataclasses.asdict(info), "next_sample": self.sample + used,
-                          "skip_tokens": skip})
-        _write_progress(self.plan, self.done)
+        self.done.append(info)
+        _write_progress(self.plan, _Resume(len(self.done), self.sample + used, skip))
 
     def finish(self) -> int:
         """Write the last (partial) shard; returns the tokens dropped."""
         dropped = len(self.carry)
+        self.writer.after_rename = self._record_last  # no resume point needed after this
         if self.cfg.pad_remainder and dropped:
             block = np.full((1, self.cfg.max_length), self.pad_id, np.int64)
             mask = np.zeros_like(block)
             block[0, :dropped], mask[0, :dropped] = self.carry, 1
-            self.done.extend(dataclasses.asdict(i) for i in self.writer.add(block, mask))
+            self.writer.add(block, mask)
             dropped = 0
-        last = self.writer.close()
-        if last is not None:
-            self.done.append(dataclasses.asdict(last))
+        self.writer.close()
         return dropped
+
+    def _record_last(self, info: shards.ShardInfo) -> None:
+        self.done.append(info)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,12 +384,11 @@ def _manifest(plan: _Plan, cfg: PrepareConfig, packer: _Packer, vocab_size: int,
     arguments = {k: v for k, v in plan.identity.items() if k not in keys}
     arguments.update(tokenizer=cfg.tokenizer, batch_size=cfg.batch_size,
                      encoding_errors=cfg.encoding_errors)
-    infos = tuple(shards.ShardInfo(d["file"], d["records"], d["tokens"]) for d in packer.done)
     return shards.Manifest(
         tokenizer_fingerprint=plan.identity["tokenizer_fingerprint"],
         vocab_size=vocab_size,
         max_length=cfg.max_length,
-        shards=infos,
+        shards=tuple(packer.done),
         source=plan.source.describe(),
         arguments=arguments,
         stats={"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped},
@@ -397,10 +403,10 @@ def prepare_split(plan: _Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size:
         return _summary(plan, state, seconds=0.0, added=0, resumed=-1)
     if storage.isdir(plan.split_dir):
         shards.remove_temporaries(plan.split_dir)
-        for path in shards.list_shards(plan.split_dir)[len(state.shards) :]:
+        for path in shards.list_shards(plan.split_dir)[state.shards :]:
             storage.remove(path)  # after the resume point: rewritten below, byte for byte
     if state.shards:
-        log.info("%s: resuming after %d finished shards", plan.split_dir, len(state.shards))
+        log.info("%s: resuming after %d finished shards", plan.split_dir, state.shards)
     start = time.perf_counter()
     packer, dropped, added = _pack_all(plan, cfg, tok, state, pad_id)
     if packer.pos == 0:
@@ -416,7 +422,7 @@ def prepare_split(plan: _Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size:
     if storage.exists(progress):
         storage.remove(progress)
     seconds = time.perf_counter() - start
-    return _summary(plan, manifest, seconds, added, resumed=len(state.shards))
+    return _summary(plan, manifest, seconds, added, resumed=state.shards)
 
 
 def _where(source: corpus.Source) -> str:

@@ -5,6 +5,10 @@ A split folder holds ``dataset-<shard index>-<records in shard>.tfrecord`` files
 ``attention_mask`` (the reference recipe's schema, so its shards train here too), plus
 ``manifest.json`` describing them. Readers take record counts from the manifest when there is one,
 else from the file names, as the reference recipe's trainer does.
+
+This module holds the names and manifest, the record encoder (:class:`ExampleEncoder`, numpy
+varints, byte-identical to ``tf.train.Example.SerializeToString(deterministic=True)``), the
+atomic :class:`ShardWriter`, and readers (:func:`iter_blocks`, :func:`first_record_schema`).
 """
 
 from __future__ import annotations
@@ -216,7 +220,7 @@ class ExampleEncoder:
     def encode(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[bytes]:
         """One serialised Example per row of the two (records, max_length) arrays."""
         ids_bytes, ids_off = encode_varints(input_ids)
-        if attention_mask.all():  # full blocks (all but a padded last one): one row for all
+        if (attention_mask == 1).all():  # full blocks (all but a padded last one): one row for all
             masks = [b"\x01" * attention_mask.shape[1]] * len(attention_mask)
         else:
             mask_bytes, mask_off = encode_varints(attention_mask)
@@ -251,7 +255,9 @@ class ShardWriter:
         self._tmp: str | None = None
         self._records = 0
         self._tokens = 0
-        self.before_rename: Callable[[], None] | None = None  # hook run before each rename
+        # Hooks around each shard's rename, e.g. to record progress the moment a shard is final.
+        self.before_rename: Callable[[], None] | None = None
+        self.after_rename: Callable[[ShardInfo], None] | None = None
 
     def _open(self) -> None:
         import tensorflow as tf
@@ -269,6 +275,8 @@ class ShardWriter:
         info = ShardInfo(file=name, records=self._records, tokens=self._tokens)
         self._writer, self._tmp = None, None
         self.index, self._records, self._tokens = self.index + 1, 0, 0
+        if self.after_rename is not None:
+            self.after_rename(info)
         return info
 
     def add(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> list[ShardInfo]:

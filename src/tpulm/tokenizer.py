@@ -12,14 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable, Iterator
 
 from tpulm import config, corpus, storage
 from tpulm.errors import TpulmError
 
-log = logging.getLogger(__name__)
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

@@ -1,0 +1,118 @@
+"""Checkpoints in the run dir: atomic save, keep the last K, restore for exact resume.
+
+A checkpoint folder (``tpulm.rundir`` layout) holds the model weights, the optimizer state plus
+the random-number state of the dropout layers (``optimizer.safetensors``; the model file holds only
+what an exported model needs), and ``state.json`` (step, data position, tokens, time, seed). It is
+written under a temporary name and renamed when complete, so a run killed while saving leaves the
+previous checkpoint as the latest one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from tpulm import rundir, storage, weights
+from tpulm.errors import TpulmError
+
+log = logging.getLogger(__name__)
+
+
+class _Keyed:
+    """A variable under a stable checkpoint key (``weights`` reads ``.path``)."""
+
+    def __init__(self, key: str, variable):
+        self.path, self.variable, self.shape = key, variable, variable.shape
+
+    def numpy(self):
+        return self.variable.numpy()
+
+    def assign(self, value) -> None:
+        self.variable.assign(value)
+
+
+def training_state_variables(model, optimizer) -> list[_Keyed]:
+    """Optimizer slots and the dropout seed-generator states under stable keys.
+
+    Keras names these variables with process-wide counters (``adam_w_3/...``,
+    ``seed_generator_35/...``) that change with what was built before, so they are keyed by
+    position and the name without its counter: ``optimizer/0003/<slot>``, ``rng/0002``.
+    """
+    keyed = [
+        _Keyed(f"optimizer/{i:04d}/{v.path.split('/', 1)[-1]}", v)
+        for i, v in enumerate(optimizer.variables)
+    ]
+    weight_ids = {id(v) for v in model.weights}
+    rng = [v for v in model.variables if id(v) not in weight_ids]
+    return keyed + [_Keyed(f"rng/{i:04d}", v) for i, v in enumerate(rng)]
+
+
+def save(run_dir: str, model, optimizer, state: dict, keep: int) -> str:
+    """Write the checkpoint of ``state["step"]`` atomically and prune to the last ``keep``.
+
+    Args:
+        run_dir: the run dir.
+        model: the Keras model.
+        optimizer: its optimizer (built).
+        state: JSON-able training state; must hold ``step``.
+        keep: number of checkpoints to keep (older ones are deleted).
+
+    Returns:
+        The checkpoint folder.
+    """
+    final = rundir.checkpoint_dir(run_dir, state["step"])
+    if storage.exists(final):
+        return final
+    storage.makedirs(storage.join(run_dir, rundir.CHECKPOINTS_DIR))
+    with storage.atomic_path(final) as tmp:
+        storage.makedirs(tmp)
+        weights.save(model.weights, storage.join(tmp, rundir.MODEL_WEIGHTS))
+        weights.save(
+            training_state_variables(model, optimizer), storage.join(tmp, rundir.OPTIMIZER_WEIGHTS)
+        )
+        storage.write_text(storage.join(tmp, rundir.STATE_NAME), json.dumps(state, indent=2) + "\n")
+    prune(run_dir, keep)
+    return final
+
+
+def prune(run_dir: str, keep: int) -> None:
+    """Delete all but the newest ``keep`` checkpoints and leftovers of interrupted saves."""
+    root = storage.join(run_dir, rundir.CHECKPOINTS_DIR)
+    for _, folder in rundir.list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        storage.rmtree(folder)
+    if storage.isdir(root):
+        for name in storage.listdir(root):
+            if storage.is_temporary(name):
+                storage.rmtree(storage.join(root, name))
+
+
+def restore(run_dir: str, model, optimizer) -> dict | None:
+    """Load the newest checkpoint of ``run_dir`` into ``model`` and ``optimizer``.
+
+    A checkpoint with only ``model.safetensors`` (as ``tpulm import`` writes) gives the model its
+    weights and leaves the optimizer fresh at step 0.
+
+    Returns:
+        The saved ``state.json`` (``{"step": 0}`` for weights-only checkpoints), or None when
+        the run dir has no checkpoint.
+    """
+    latest = rundir.latest_checkpoint(run_dir)
+    if latest is None:
+        return None
+    step, folder = latest
+    weights.load(model.weights, storage.join(folder, rundir.MODEL_WEIGHTS))
+    state_path = storage.join(folder, rundir.STATE_NAME)
+    if not storage.exists(state_path):
+        log.info("starting from the weights in %s with a fresh optimizer", folder)
+        return {"step": 0, "initial_weights": folder}
+    weights.load(
+        training_state_variables(model, optimizer), storage.join(folder, rundir.OPTIMIZER_WEIGHTS)
+    )
+    try:
+        state = json.loads(storage.read_text(state_path))
+    except ValueError as err:
+        raise TpulmError(f"{state_path} is not valid JSON ({err}); delete {folder} to resume from the one before") from None
+    if state.get("step") != step:
+        raise TpulmError(f"{state_path} says step {state.get('step')} but the folder says {step}")
+    log.info("resuming from %s (step %d)", folder, step)
+    return state
