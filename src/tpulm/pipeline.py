@@ -124,7 +124,8 @@ def execute(stages: list[Stage], work_dir: str) -> dict[str, Any]:
             for path in stage.outputs:
                 if storage.exists(path):
                     storage.rmtree(path)
-        log.info("stage %s: %s", stage.name, "resuming" if record else "running")
+        resuming = record is not None and record["key"] == key
+        log.info("stage %s: %s", stage.name, "resuming" if resuming else "running")
         write_record(work_dir, stage.name, key, complete=False)
         results[stage.name] = stage.run()
         write_record(work_dir, stage.name, key, complete=True)
