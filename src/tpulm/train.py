@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import config, rundir, storage
+from tpulm import config
 from tpulm.distribute import JIT_MODES, PRECISIONS
 from tpulm.errors import TpulmError
 
@@ -182,9 +182,3 @@ def steps_per_execution(cfg: TrainConfig, calls, total: int, accumulation: int) 
             )
         return cfg.steps_per_execution
     return max(d for d in range(1, min(g, 32) + 1) if g % d == 0) if g else 1
-
-
-def default_run_dir_config(run_dir: str) -> dict[str, Any]:
-    """The tables of ``run_dir/config.toml``, or {} if there is none."""
-    path = storage.join(run_dir, rundir.CONFIG_NAME)
-    return config.load_toml(path) if storage.exists(path) else {}
