@@ -46,7 +46,7 @@ class TrainConfig:
     mask_token_rate: float = setting(0.8, "share of selected tokens replaced by [MASK]")
     random_token_rate: float = setting(0.1, "share of selected tokens replaced by a random token")
     seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
-    shuffle_buffer: int = setting(10_000, "records in the sample shuffle buffer")
+    shuffle_buffer: int = setting(10_000, "records per window of the sample shuffle")
     log_every: int = setting(100, "steps between train lines in metrics.jsonl")
     eval_every: int = setting(1000, "steps between evaluations (and one at the end)")
     checkpoint_every: int = setting(1000, "steps between checkpoints (and one at the end)")
