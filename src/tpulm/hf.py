@@ -120,6 +120,7 @@ def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
     for keras_path, hf_key, transpose in rows:
         value = np.asarray(short[keras_path], dtype=np.float32)
         state[hf_key] = np.ascontiguousarray(value.T if transpose else value)
+    check_state_dict(state, cfg, where)  # shapes against the config
     return state
 
 
