@@ -14,9 +14,8 @@ from tpulm.cli import main
 from tpulm.errors import TpulmError
 from tpulm.train import TrainConfig, fit_calls, run, steps_per_execution
 
-# Graph mode: XLA compiles cost ~5 s a run here; the CLI and resume tests cover XLA.
-QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
-             jit_compile=False)
+# jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +27,11 @@ def _metrics(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / rundir.METRICS_NAME).read_text().splitlines()]
 
 
-def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys):
+def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys, caplog):
     from tpulm.model import ModelConfig, build_model
     from tpulm.weights import load
 
+    caplog.set_level("INFO")
     run_dir = tmp_path / "run"
     cfg_file = tmp_path / "train.toml"
     cfg_file.write_text(
@@ -41,9 +41,10 @@ def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, 
         "eval_every = 20\nlog_every = 5\nprogress = false\ngradient_accumulation = 2\n"
     )
     code = main(["train", "--config", str(cfg_file), "--run-dir", str(run_dir), "--batch-size", "8",
-                 "--peak-tflops", "1"])
+                 "--peak-tflops", "1", "--jit-compile", "true"])
     assert code == 0
     out = capsys.readouterr().out
+    assert any("XLA on" in r.getMessage() for r in caplog.records)
     assert "steps        40 (40 this run)" in out and "tokens       20,480" in out  # 40 x 2 x 8 x 32
     saved = config.load_toml(str(run_dir / rundir.CONFIG_NAME))
     assert saved["train"]["batch_size"] == 8 and saved["model"]["hidden_size"] == 32
@@ -137,3 +138,24 @@ def test_fit_calls_align_segments_on_step_zero():
     assert steps_per_execution(cfg, fit_calls(0, 3000, 100), 3000, 1) == 25
     with pytest.raises(TpulmError, match="batch_size must be at least 1"):
         TrainConfig(batch_size=0)
+
+
+def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
+    """Shards with a manifest (tpulm data prepare): fingerprint checked, counts from the manifest."""
+    from tpulm import prepare
+
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(wikitext_lines(wikitext_dir, "valid", 150)), encoding="utf-8")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("\n".join(wikitext_lines(wikitext_dir, "test", 40)), encoding="utf-8")
+    prepare.run(prepare.PrepareConfig(
+        tokenizer=str(corpus["tokenizer"]), output=str(tmp_path / "data"), train_files=(str(text),),
+        validation_files=(str(valid),), max_length=32, shard_size=40, progress=False,
+    ))
+    manifest = shards.read_manifest(str(tmp_path / "data/train"))
+    assert manifest is not None and manifest.max_length == 32
+    result = run(TrainConfig(run_dir=str(tmp_path / "run"), train_data=str(tmp_path / "data/train"),
+                             eval_data=str(tmp_path / "data/validation"),
+                             tokenizer=str(corpus["tokenizer"]), epochs=1, **QUICK))
+    assert result.step == manifest.records // 8  # one epoch of full batches
+    assert result.eval is not None and math.isfinite(result.eval["loss"])

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import config, rundir, storage
-from tpulm.distribute import PRECISIONS
+from tpulm import config
+from tpulm.distribute import JIT_MODES, PRECISIONS
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ class TrainConfig:
     mask_token_rate: float = setting(0.8, "share of selected tokens replaced by [MASK]")
     random_token_rate: float = setting(0.1, "share of selected tokens replaced by a random token")
     seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
-    shuffle_buffer: int = setting(10_000, "records in the sample shuffle buffer")
+    shuffle_buffer: int = setting(10_000, "records per window of the sample shuffle")
     log_every: int = setting(100, "steps between train lines in metrics.jsonl")
     eval_every: int = setting(1000, "steps between evaluations (and one at the end)")
     checkpoint_every: int = setting(1000, "steps between checkpoints (and one at the end)")
@@ -55,7 +55,10 @@ class TrainConfig:
     tpu: str | None = setting(None, "TPU: 'local' on a TPU VM, or the TPU's name")
     tpu_zone: str | None = setting(None, "GCP zone of the TPU")
     gcp_project: str | None = setting(None, "GCP project of the TPU")
-    jit_compile: bool = setting(True, "compile the train step with XLA where it works")
+    jit_compile: str = setting(
+        "auto", "XLA: auto (on for GPU/TPU, off on CPU where oneDNN is faster), true, false",
+        choices=JIT_MODES,
+    )
     steps_per_execution: int = setting(0, "steps per compiled call (0: automatic)")
     deterministic: bool = setting(False, "enable TensorFlow op determinism (slower)")
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate (default: measured matmul)")
@@ -74,6 +77,8 @@ class TrainConfig:
             raise TpulmError("learning_rate must be positive; warmup, clip_norm, weight_decay >= 0")
         if self.steps_per_execution < 0:
             raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
+        if self.jit_compile not in JIT_MODES:
+            raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}, got {self.jit_compile!r}")
         if self.precision not in PRECISIONS:
             raise TpulmError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 
@@ -88,7 +93,8 @@ class TrainResult:
         steps_this_session: steps done by this call.
         tokens: token positions trained on in total (batch x sequence length x steps).
         wall_time: seconds this call took.
-        tokens_per_second: training throughput of this call (evaluation and saving excluded).
+        tokens_per_second: training throughput of this call, evaluation and saving excluded,
+            measured after the first segment (compilation) when there are several.
         mfu: model FLOPs utilisation estimate, against ``peak_flops``.
         peak_flops: the peak used for ``mfu`` (FLOP/s, all replicas).
         eval: last evaluation (``loss``, ``accuracy``, ``perplexity``), or None.
@@ -176,9 +182,3 @@ def steps_per_execution(cfg: TrainConfig, calls, total: int, accumulation: int) 
             )
         return cfg.steps_per_execution
     return max(d for d in range(1, min(g, 32) + 1) if g % d == 0) if g else 1
-
-
-def default_run_dir_config(run_dir: str) -> dict[str, Any]:
-    """The tables of ``run_dir/config.toml``, or {} if there is none."""
-    path = storage.join(run_dir, rundir.CONFIG_NAME)
-    return config.load_toml(path) if storage.exists(path) else {}
