@@ -1,0 +1,171 @@
+"""Pick the ``tf.distribute`` strategy for the machine, precision and XLA, and cross-replica sums.
+
+Strategies are found through a registry of (name, applies, build) entries tried in order: a TPU
+when ``--tpu`` is given, ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names a cluster,
+``MirroredStrategy`` over several GPUs, else the default single device (CPU or one GPU; nothing
+is hard-coded). The JAX backend will add its own entry (a device mesh) here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable
+
+from tpulm.errors import TpulmError
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("fp32", "mixed_bfloat16", "mixed_float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where training runs.
+
+    Attributes:
+        tpu: ``local`` for a TPU VM, a TPU name, or None.
+        tpu_zone: GCP zone of a named TPU.
+        gcp_project: GCP project of a named TPU.
+    """
+
+    tpu: str | None = None
+    tpu_zone: str | None = None
+    gcp_project: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    name: str
+    applies: Callable[[Placement], bool]
+    build: Callable[[Placement], object]
+
+
+def _tpu(placement: Placement):
+    import tensorflow as tf
+
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
+            tpu=placement.tpu, zone=placement.tpu_zone, project=placement.gcp_project
+        )
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+    except (ValueError, tf.errors.OpError) as err:
+        raise TpulmError(
+            f"cannot reach TPU {placement.tpu!r} (--tpu, --tpu-zone, --gcp-project): {err}"
+        ) from None
+    return tf.distribute.TPUStrategy(resolver)
+
+
+def _multi_worker(_: Placement):
+    import tensorflow as tf
+
+    return tf.distribute.MultiWorkerMirroredStrategy()
+
+
+def _mirrored(_: Placement):
+    import tensorflow as tf
+
+    return tf.distribute.MirroredStrategy()
+
+
+def _single(_: Placement):
+    import tensorflow as tf
+
+    return tf.distribute.get_strategy()  # the default strategy: one device, CPU or GPU
+
+
+def _has_cluster(_: Placement) -> bool:
+    spec = os.environ.get("TF_CONFIG")
+    if not spec:
+        return False
+    try:
+        cluster = json.loads(spec).get("cluster", {})
+    except ValueError:
+        raise TpulmError("TF_CONFIG is not valid JSON; fix or unset it") from None
+    return sum(len(v) for v in cluster.values()) > 1
+
+
+def _several_gpus(_: Placement) -> bool:
+    import tensorflow as tf
+
+    return len(tf.config.list_logical_devices("GPU")) > 1
+
+
+STRATEGIES: list[_Entry] = [
+    _Entry("tpu", lambda p: p.tpu is not None, _tpu),
+    _Entry("multi_worker_mirrored", _has_cluster, _multi_worker),
+    _Entry("mirrored", _several_gpus, _mirrored),
+    _Entry("single_device", lambda p: True, _single),
+]
+
+
+def make_strategy(placement: Placement) -> tuple[object, str]:
+    """The first registered strategy that applies, and its registry name.
+
+    Args:
+        placement: TPU settings; without a TPU the hardware decides.
+    """
+    for entry in STRATEGIES:
+        if entry.applies(placement):
+            strategy = entry.build(placement)
+            log.info("strategy %s with %d replica(s)", entry.name, strategy.num_replicas_in_sync)
+            return strategy, entry.name
+    raise AssertionError("the single-device entry always applies")
+
+
+def use_xla(strategy) -> bool:
+    """Whether to compile the train step with XLA under ``strategy``.
+
+    XLA works on one device and on TPUs; ``MirroredStrategy`` over CPU devices fails to place
+    variables under XLA, so it falls back to graph mode (with one log line).
+    """
+    import tensorflow as tf
+
+    if strategy.num_replicas_in_sync == 1 or isinstance(strategy, tf.distribute.TPUStrategy):
+        return True
+    devices = getattr(strategy.extended, "worker_devices", ())
+    if any("CPU" in d.upper() for d in devices):
+        log.info("XLA off: %s over CPU devices cannot place variables under XLA", type(strategy).__name__)
+        return False
+    return True
+
+
+def set_precision(precision: str) -> None:
+    """Set the global Keras dtype policy (``fp32`` = ``float32``); fp16 gets loss scaling in compile."""
+    import keras
+
+    if precision not in PRECISIONS:
+        raise TpulmError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    keras.config.set_dtype_policy("float32" if precision == "fp32" else precision)
+
+
+def needs_input_pipelines(strategy) -> bool:
+    """True when each worker/host must read its own share of files (several input pipelines)."""
+    import tensorflow as tf
+
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return True
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return strategy.extended.num_hosts > 1
+    return False
+
+
+def all_reduce_sum(values):
+    """Sum a tensor or list of tensors over the replicas of a ``tf.distribute`` replica context.
+
+    Identity on one replica, outside a replica context and on backends whose batches are global
+    (JAX): there the local value already is the global one.
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return values
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return values
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, values)

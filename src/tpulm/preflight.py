@@ -1,0 +1,134 @@
+"""Checks and set-up before training: tokenizer, model config, shards, run dir.
+
+Everything a user can get wrong (missing tokenizer, shards of another tokenizer, sequences longer
+than the model's positions, ids outside the vocabulary, a run dir of a different model) stops
+here with one clear message, before any model is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tpulm import config, rundir, storage, tokenizer
+from tpulm.errors import TpulmError
+from tpulm.inputs import ShardSet
+
+log = logging.getLogger(__name__)
+_ID_SCAN_RECORDS = 2000  # records scanned for out-of-vocabulary ids when a split has no manifest
+
+
+def resolve_tokenizer(run_dir: str, given: str | None) -> str:
+    """The tokenizer folder: the run dir's copy if it has one (it must match ``given``), else ``given``.
+
+    Args:
+        run_dir: the run dir.
+        given: the ``--tokenizer`` setting, or None.
+    """
+    copy = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    has_copy = storage.exists(storage.join(copy, tokenizer.TOKENIZER_FILE))
+    if has_copy and given and tokenizer.fingerprint(given) != tokenizer.fingerprint(copy):
+        raise TpulmError(
+            f"--tokenizer {given} differs from the tokenizer {copy} this run was started with; "
+            "use a new --run-dir to train with another tokenizer"
+        )
+    if has_copy:
+        return copy
+    if not given:
+        raise TpulmError("no tokenizer: pass --tokenizer DIR (a folder from `tpulm tokenizer train`)")
+    return given
+
+
+def resolve_model(
+    run_dir: str, preset: str, overrides: Mapping[str, Any], vocab_size: int, pad_id: int
+):
+    """The ``ModelConfig``: the run dir's ``[model]`` if it has one, else preset < overrides.
+
+    Vocab size and pad id always come from the tokenizer. A run dir trained with different sizes
+    than the ones asked for is an error (resuming must not silently change the model).
+
+    Args:
+        run_dir: the run dir.
+        preset: preset name or TOML path (``--model``).
+        overrides: a ``[model]`` table from ``--config`` or the caller.
+        vocab_size: the tokenizer's vocabulary size.
+        pad_id: the tokenizer's pad id.
+    """
+    from tpulm.model import ModelConfig, load_model_preset
+
+    table = {**load_model_preset(preset), **overrides, "vocab_size": vocab_size, "pad_token_id": pad_id}
+    wanted = config.from_mapping(ModelConfig, table, f"model {preset!r}")
+    path = storage.join(run_dir, rundir.CONFIG_NAME)
+    saved = config.load_toml(path).get("model") if storage.exists(path) else None
+    if not saved:
+        return wanted
+    existing = config.from_mapping(ModelConfig, saved, f"[model] of {path}")
+    if (existing.vocab_size, existing.pad_token_id) != (vocab_size, pad_id):
+        raise TpulmError(f"[model] of {path} does not match the tokenizer's vocab size / pad id")
+    if overrides and config.from_mapping(ModelConfig, {**saved, **overrides}, "overrides") != existing:
+        raise TpulmError(
+            f"{run_dir} holds a model with other sizes than asked for ({path}); "
+            "use a new --run-dir, or drop the [model] settings to resume it"
+        )
+    return existing
+
+
+def check_shards(shard_set: ShardSet, tokenizer_dir: str, model_cfg, what: str) -> None:
+    """Stop with a clear message if the shards do not fit the tokenizer and the model.
+
+    Args:
+        shard_set: the shards to check.
+        tokenizer_dir: the tokenizer of the run.
+        model_cfg: the ``ModelConfig`` of the run.
+        what: flag naming the shards in messages (``--train-data``).
+    """
+    manifest = shard_set.manifest
+    if manifest is not None:
+        fingerprint = tokenizer.fingerprint(tokenizer_dir)
+        if manifest.tokenizer_fingerprint != fingerprint:
+            raise TpulmError(
+                f"{what} {shard_set.spec} was tokenized with another tokenizer than {tokenizer_dir} "
+                "(fingerprints differ): prepare the shards with this tokenizer or pass the other one"
+            )
+    if shard_set.max_length > model_cfg.max_positions:
+        raise TpulmError(
+            f"{what} {shard_set.spec} has sequences of {shard_set.max_length} tokens but the model "
+            f"takes at most {model_cfg.max_positions} (max_position_embeddings "
+            f"{model_cfg.max_position_embeddings} - pad_token_id - 1): raise "
+            "max_position_embeddings or prepare shorter shards"
+        )
+    largest = manifest.vocab_size - 1 if manifest is not None else _largest_id(shard_set)
+    if largest >= model_cfg.vocab_size:
+        raise TpulmError(
+            f"{what} {shard_set.spec} holds token id {largest} but the vocabulary has "
+            f"{model_cfg.vocab_size} entries: the shards come from a larger tokenizer"
+        )
+
+
+def _largest_id(shard_set: ShardSet) -> int:
+    """Largest token id in the first records of the first shard (splits without a manifest)."""
+    import tensorflow as tf
+
+    from tpulm.shards import feature_spec
+
+    ds = tf.data.TFRecordDataset(shard_set.files[0]).take(_ID_SCAN_RECORDS).batch(_ID_SCAN_RECORDS)
+    try:
+        for raw in ds:
+            return int(tf.reduce_max(tf.io.parse_example(raw, feature_spec(shard_set.max_length))["input_ids"]))
+    except tf.errors.OpError as err:
+        raise TpulmError(f"cannot read {shard_set.files[0]}: {err.message}") from None
+    return -1
+
+
+def prepare_run_dir(run_dir: str, tokenizer_dir: str, tables: dict[str, dict]) -> None:
+    """Write ``config.toml`` (atomically) and copy the tokenizer into the run dir if needed."""
+    storage.makedirs(run_dir)
+    copy = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    if tokenizer_dir != copy:
+        storage.makedirs(copy)
+        for name in storage.listdir(tokenizer_dir):
+            source = storage.join(tokenizer_dir, name)
+            if not storage.isdir(source):
+                storage.write_bytes(storage.join(copy, name), storage.read_bytes(source))
+    storage.write_text(storage.join(run_dir, rundir.CONFIG_NAME), config.to_toml(tables))

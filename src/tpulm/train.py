@@ -1,0 +1,184 @@
+"""Train a masked language model from shards: ``run(TrainConfig) -> TrainResult``.
+
+The loop is Keras ``model.fit`` with a custom loss and metrics (``keras.ops`` only), so the JAX
+backend reuses it. Keras "epochs" are *segments* of ``gcd(log_every, eval_every,
+checkpoint_every)`` update steps aligned on step 0: at the end of a segment the callbacks log
+train metrics, evaluate and checkpoint when due, so a run resumed from any checkpoint lands on
+the same segment boundaries as an uninterrupted one. Data epochs are handled by ``tpulm.inputs``
+(an endless, deterministic stream resumable at any batch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from tpulm import config, rundir, storage
+from tpulm.distribute import PRECISIONS
+from tpulm.errors import TpulmError
+
+log = logging.getLogger(__name__)
+setting = config.setting
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Settings of ``tpulm train`` (the ``[train]`` table of a config file)."""
+
+    train_data: str = setting("", "training shards: a split folder or a glob (local or gs://)")
+    eval_data: str | None = setting(None, "validation shards: a split folder or a glob")
+    tokenizer: str | None = setting(None, "tokenizer folder (default: the run dir's copy)")
+    run_dir: str = setting("runs/latest", "run dir (local or gs://); rerunning resumes it")
+    model: str = setting("base", "model preset (tiny, small, base, large) or a TOML file")
+    batch_size: int = setting(32, "batch size per replica (global = per replica x replicas)")
+    epochs: int | None = setting(None, "passes over the training data (default 1)")
+    max_steps: int | None = setting(None, "optimizer steps (overrides --epochs)")
+    learning_rate: float = setting(1e-4, "peak learning rate")
+    warmup: float = setting(0.05, "warmup: a fraction of the steps if < 1, else a step count")
+    weight_decay: float = setting(0.01, "AdamW weight decay (not on LayerNorm and biases)")
+    clip_norm: float = setting(1.0, "global gradient-norm clipping (0: off)")
+    gradient_accumulation: int = setting(1, "micro-batches per optimizer step")
+    mlm_probability: float = setting(0.15, "share of maskable tokens selected for prediction")
+    mask_token_rate: float = setting(0.8, "share of selected tokens replaced by [MASK]")
+    random_token_rate: float = setting(0.1, "share of selected tokens replaced by a random token")
+    seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
+    shuffle_buffer: int = setting(10_000, "records in the sample shuffle buffer")
+    log_every: int = setting(100, "steps between train lines in metrics.jsonl")
+    eval_every: int = setting(1000, "steps between evaluations (and one at the end)")
+    checkpoint_every: int = setting(1000, "steps between checkpoints (and one at the end)")
+    keep_checkpoints: int = setting(3, "checkpoints kept (older ones are deleted)")
+    precision: str = setting("fp32", "fp32, mixed_bfloat16 or mixed_float16", choices=PRECISIONS)
+    tpu: str | None = setting(None, "TPU: 'local' on a TPU VM, or the TPU's name")
+    tpu_zone: str | None = setting(None, "GCP zone of the TPU")
+    gcp_project: str | None = setting(None, "GCP project of the TPU")
+    jit_compile: bool = setting(True, "compile the train step with XLA where it works")
+    steps_per_execution: int = setting(0, "steps per compiled call (0: automatic)")
+    deterministic: bool = setting(False, "enable TensorFlow op determinism (slower)")
+    peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate (default: measured matmul)")
+    progress: bool = setting(True, "show the Keras progress bar")
+
+    def __post_init__(self) -> None:
+        positive = ("batch_size", "gradient_accumulation", "log_every", "eval_every",
+                    "checkpoint_every", "keep_checkpoints", "shuffle_buffer")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise TpulmError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("epochs", "max_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise TpulmError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.learning_rate <= 0 or self.warmup < 0 or self.clip_norm < 0 or self.weight_decay < 0:
+            raise TpulmError("learning_rate must be positive; warmup, clip_norm, weight_decay >= 0")
+        if self.steps_per_execution < 0:
+            raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
+        if self.precision not in PRECISIONS:
+            raise TpulmError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a training run did.
+
+    Attributes:
+        run_dir: the run dir.
+        step: optimizer steps done in total (including earlier sessions).
+        steps_this_session: steps done by this call.
+        tokens: token positions trained on in total (batch x sequence length x steps).
+        wall_time: seconds this call took.
+        tokens_per_second: training throughput of this call (evaluation and saving excluded).
+        mfu: model FLOPs utilisation estimate, against ``peak_flops``.
+        peak_flops: the peak used for ``mfu`` (FLOP/s, all replicas).
+        eval: last evaluation (``loss``, ``accuracy``, ``perplexity``), or None.
+        checkpoint: folder of the last checkpoint.
+    """
+
+    run_dir: str
+    step: int
+    steps_this_session: int
+    tokens: int
+    wall_time: float
+    tokens_per_second: float
+    mfu: float
+    peak_flops: float
+    eval: dict[str, float] | None
+    checkpoint: str | None
+
+
+def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult:
+    """Train (or resume) the run in ``cfg.run_dir``.
+
+    Args:
+        cfg: training settings.
+        model: a ``[model]`` table overriding the preset named by ``cfg.model`` (sizes only;
+            vocab size and pad id come from the tokenizer).
+
+    Returns:
+        What was done; see ``TrainResult``.
+    """
+    from tpulm import trainer
+
+    return trainer.Trainer(cfg, dict(model or {})).fit()
+
+
+def table_from_args(args) -> tuple[TrainConfig, dict[str, Any]]:
+    """``TrainConfig`` and ``[model]`` table from CLI args: defaults < ``--config`` file < flags."""
+    tables = config.load_toml(args.config) if getattr(args, "config", None) else {}
+    unknown = sorted(set(tables) - {"model", "train"})
+    if unknown:
+        raise TpulmError(f"unknown table(s) {', '.join(unknown)} in {args.config}; expected [model], [train]")
+    where = args.config or "the command line"
+    train_cfg = config.resolve(TrainConfig, args, tables.get("train", {}), where=where)
+    return train_cfg, dict(tables.get("model", {}))
+
+
+def progress_verbosity(enabled: bool) -> int:
+    """Keras verbosity: a live bar on a terminal, one line per segment otherwise."""
+    if not enabled:
+        return 0
+    return 1 if sys.stdout.isatty() else 2
+
+
+def segment_length(cfg: TrainConfig) -> int:
+    """Update steps per Keras epoch: every log, eval and checkpoint step is a boundary."""
+    return math.gcd(cfg.log_every, math.gcd(cfg.eval_every, cfg.checkpoint_every))
+
+
+def fit_calls(start: int, total: int, segment: int) -> list[tuple[int, int, int]]:
+    """``model.fit`` calls from step ``start`` to ``total``: (first step, steps per epoch, epochs).
+
+    Segments are aligned on multiples of ``segment``; a start inside a segment gets a short first
+    call, and the last segment may be cut short (the callbacks stop training at ``total``).
+    """
+    calls = []
+    if start % segment and start < total:
+        first = min(segment - start % segment, total - start)
+        calls.append((start, first, 1))
+        start += first
+    if start < total:
+        calls.append((start, segment, math.ceil((total - start) / segment)))
+    return calls
+
+
+def steps_per_execution(cfg: TrainConfig, calls, total: int, accumulation: int) -> int:
+    """Micro-steps per compiled call: divides every segment and the end, at most 32."""
+    lengths = [steps for _, steps, _ in calls] + [total - s for s, _, _ in calls]
+    g = 0
+    for n in lengths:
+        g = math.gcd(g, n * accumulation)
+    if cfg.steps_per_execution:
+        if g % cfg.steps_per_execution:
+            raise TpulmError(
+                f"steps_per_execution {cfg.steps_per_execution} must divide {g} (segment length "
+                "gcd(log_every, eval_every, checkpoint_every) x gradient_accumulation, and the rest)"
+            )
+        return cfg.steps_per_execution
+    return max(d for d in range(1, min(g, 32) + 1) if g % d == 0) if g else 1
+
+
+def default_run_dir_config(run_dir: str) -> dict[str, Any]:
+    """The tables of ``run_dir/config.toml``, or {} if there is none."""
+    path = storage.join(run_dir, rundir.CONFIG_NAME)
+    return config.load_toml(path) if storage.exists(path) else {}

@@ -1,0 +1,279 @@
+"""The training session behind ``tpulm.train.run``: build, restore, fit by segments, summarise."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+from tpulm import checkpoint, distribute, inputs, metrics, preflight, rundir, schedule, tokenizer
+from tpulm.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor
+from tpulm.config import as_table
+from tpulm.errors import TpulmError
+from tpulm.masking import Masker, max_predictions
+from tpulm.train import (
+    TrainConfig,
+    TrainResult,
+    fit_calls,
+    progress_verbosity,
+    segment_length,
+    steps_per_execution,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """One call of ``tpulm.train.run``: checks, strategy, model, then ``fit``.
+
+    Args:
+        cfg: training settings.
+        model_table: ``[model]`` overrides of the preset ``cfg.model``.
+    """
+
+    def __init__(self, cfg: TrainConfig, model_table: dict):
+        import tensorflow as tf
+
+        self.cfg = cfg
+        if cfg.deterministic:
+            tf.config.experimental.enable_op_determinism()
+        distribute.set_precision(cfg.precision)
+        self.tokenizer_dir = preflight.resolve_tokenizer(cfg.run_dir, cfg.tokenizer)
+        self.special = tokenizer.special_tokens(self.tokenizer_dir)
+        vocab = tokenizer.load_tokenizer(self.tokenizer_dir).get_vocab_size()
+        self.model_cfg = preflight.resolve_model(
+            cfg.run_dir, cfg.model, model_table, vocab, self.special.pad_id
+        )
+        self.train_set, self.eval_set = self._open_data()
+        self.masker = Masker(
+            vocab_size=vocab,
+            mask_id=self.special.mask_id,
+            special_ids=self.special.ids,
+            num_predictions=max_predictions(self.train_set.max_length, cfg.mlm_probability),
+            mlm_probability=cfg.mlm_probability,
+            mask_token_rate=cfg.mask_token_rate,
+            random_token_rate=cfg.random_token_rate,
+        )
+        placement = distribute.Placement(cfg.tpu, cfg.tpu_zone, cfg.gcp_project)
+        self.strategy, self.strategy_name = distribute.make_strategy(placement)
+        self.global_batch = cfg.batch_size * self.strategy.num_replicas_in_sync
+        self.accumulation = cfg.gradient_accumulation
+        self.total_steps = self._total_steps()
+        self.tokens_per_step = self.global_batch * self.accumulation * self.train_set.max_length
+        self.segment = min(segment_length(cfg), self.total_steps)
+
+    def _open_data(self):
+        cfg = self.cfg
+        if not cfg.train_data:
+            raise TpulmError("no training data: pass --train-data (a shard folder or glob)")
+        train_set = inputs.open_shards(cfg.train_data)
+        preflight.check_shards(train_set, self.tokenizer_dir, self.model_cfg, "--train-data")
+        eval_set = None
+        if cfg.eval_data:
+            eval_set = inputs.open_shards(cfg.eval_data)
+            preflight.check_shards(eval_set, self.tokenizer_dir, self.model_cfg, "--eval-data")
+            if eval_set.max_length != train_set.max_length:
+                raise TpulmError(
+                    f"--eval-data has sequences of {eval_set.max_length} tokens, --train-data of "
+                    f"{train_set.max_length}: prepare both with the same --max-length"
+                )
+        return train_set, eval_set
+
+    def _total_steps(self) -> int:
+        per_epoch = self.train_set.records // (self.global_batch * self.accumulation)
+        if self.cfg.max_steps:
+            return self.cfg.max_steps
+        if per_epoch == 0:
+            raise TpulmError(
+                f"--train-data has {self.train_set.records} records, fewer than one step of "
+                f"{self.global_batch * self.accumulation}: lower --batch-size or add data"
+            )
+        return (self.cfg.epochs or 1) * per_epoch
+
+    # -- building -------------------------------------------------------------------------
+
+    def _build(self):
+        """Model and built optimizer in the strategy scope, restored from the run dir if any."""
+        import keras
+
+        from tpulm.model import build_model
+
+        keras.utils.set_random_seed(self.cfg.seed)
+        with self.strategy.scope():
+            model = build_model(self.model_cfg)
+            lr = schedule.LinearWarmupDecay(
+                self.cfg.learning_rate,
+                schedule.warmup_steps(self.cfg.warmup, self.total_steps),
+                self.total_steps,
+                self.accumulation,
+            )
+            optimizer = schedule.make_optimizer(
+                model, learning_rate=lr, weight_decay=self.cfg.weight_decay,
+                clip_norm=self.cfg.clip_norm, accumulation=self.accumulation,
+            )
+            if self.cfg.precision == "mixed_float16":
+                optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
+            optimizer.build(model.trainable_variables)
+            state = checkpoint.restore(self.cfg.run_dir, model, optimizer) or {"step": 0}
+        return model, optimizer, lr, state
+
+    def _compile(self, model, optimizer, calls) -> None:
+        jit = self.cfg.jit_compile and distribute.use_xla(self.strategy)
+        spe = steps_per_execution(self.cfg, calls, self.total_steps, self.accumulation)
+        with self.strategy.scope():
+            model.compile(
+                optimizer=optimizer,
+                loss=metrics.MaskedLMLoss(),
+                weighted_metrics=metrics.weighted_metrics(),
+                jit_compile=jit,
+                steps_per_execution=spe,
+            )
+        log.info("XLA %s, %d step(s) per execution", "on" if jit else "off", spe)
+
+    def _datasets(self, start_batch: int):
+        """(train, eval) datasets for Keras; per-worker pipelines where the strategy needs them."""
+
+        def train(context=None):
+            return inputs.training_dataset(
+                self.train_set, batch_size=self.global_batch, masker=self.masker,
+                seed=self.cfg.seed, start_batch=start_batch,
+                shuffle_buffer=self.cfg.shuffle_buffer, input_context=context,
+            )
+
+        def evaluate(context=None):
+            return inputs.eval_dataset(
+                self.eval_set, batch_size=self.global_batch, masker=self.masker,
+                seed=self.cfg.seed, input_context=context,
+                filler_ids=(self.special.cls_id, self.special.pad_id),
+            )
+
+        make_eval = evaluate if self.eval_set is not None else None
+        if distribute.needs_input_pipelines(self.strategy):
+            spread = self.strategy.distribute_datasets_from_function
+            return spread(train), spread(make_eval) if make_eval else None
+        return train(), make_eval() if make_eval else None
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        """Train from the latest checkpoint (or from scratch) to ``total_steps``."""
+        started = time.monotonic()
+        model, optimizer, lr, state = self._build()
+        self.model, self.optimizer, self.lr = model, optimizer, lr
+        start = int(state["step"])
+        preflight.prepare_run_dir(
+            self.cfg.run_dir, self.tokenizer_dir,
+            {"model": as_table(self.model_cfg), "train": as_table(self.cfg)},
+        )
+        self.log = metrics.MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
+        self.last_eval, self.overhead, self.last_checkpoint = None, 0.0, None
+        calls = fit_calls(start, self.total_steps, self.segment)
+        self._compile(model, optimizer, calls)
+        log.info(
+            "training %s: steps %d -> %d, global batch %d x %d tokens, %s",
+            self.cfg.run_dir, start, self.total_steps, self.global_batch,
+            self.train_set.max_length, self.strategy_name,
+        )
+        self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps)
+        fit_started = time.monotonic()
+        try:
+            self._run_calls(calls)
+        except NonFiniteLoss as err:
+            latest = rundir.latest_checkpoint(self.cfg.run_dir)
+            raise TpulmError(
+                f"the training loss became NaN/Inf at step {err.step}; last good checkpoint: "
+                f"{latest[1] if latest else 'none'}. Lower --learning-rate (or raise --warmup) "
+                "and rerun to resume from it"
+            ) from None
+        if start >= self.total_steps:  # nothing left to train: report the final state
+            self._segment_end(start, {}, final_only=True)
+        train_time = time.monotonic() - fit_started - self.overhead
+        return self._summary(start, started, train_time)
+
+    def _run_calls(self, calls) -> None:
+        a = self.accumulation
+        for first, steps, epochs in calls:
+            train_ds, self.eval_ds = self._datasets(first * a)
+            initial = first // self.segment
+            self.model.fit(
+                train_ds,
+                initial_epoch=initial,
+                epochs=initial + epochs,
+                steps_per_epoch=steps * a,
+                callbacks=[self.monitor, SegmentEnd(self._segment_end)],
+                verbose=progress_verbosity(self.cfg.progress),
+                shuffle=False,  # the dataset is shuffled, deterministically
+            )
+
+    def _segment_end(self, step: int, logs: dict, final_only: bool = False) -> None:
+        """Log, evaluate and checkpoint when due (always at the last step)."""
+        t0 = time.monotonic()
+        cfg, tokens = self.cfg, step * self.tokens_per_step
+        last = step >= self.total_steps
+        if not final_only and "loss" in logs:
+            if not math.isfinite(float(logs["loss"])):
+                raise NonFiniteLoss(step)
+            self.log.write("train", step, tokens, {
+                "loss": logs["loss"], "accuracy": logs.get("accuracy", float("nan")),
+                "learning_rate": self.lr.at(step - 1),
+                "tokens_per_second": self.monitor.tokens_per_second,
+            })
+        if self.eval_set is not None and (last or step % cfg.eval_every == 0):
+            self.last_eval = self._evaluate(step, tokens)
+        if not final_only and (last or step % cfg.checkpoint_every == 0):
+            self._save(step, tokens)
+        self.overhead += time.monotonic() - t0
+
+    def _evaluate(self, step: int, tokens: int) -> dict[str, float]:
+        if self.eval_ds is None:
+            _, self.eval_ds = self._datasets(0)
+        result = self.model.evaluate(self.eval_ds, verbose=0, return_dict=True)
+        loss = float(result["token_loss"])
+        values = {"loss": loss, "accuracy": float(result["accuracy"]),
+                  "perplexity": math.exp(min(loss, 700.0))}
+        self.log.write("eval", step, tokens, values)
+        log.info("eval at step %d: loss %.4f, accuracy %.4f, perplexity %.2f",
+                 step, values["loss"], values["accuracy"], values["perplexity"])
+        return values
+
+    def _save(self, step: int, tokens: int) -> None:
+        bad = [v.path for v in self.model.weights if not np.isfinite(np.asarray(v.numpy(), np.float32)).all()]
+        if bad:
+            raise NonFiniteLoss(step)  # the update of this step produced NaN/Inf weights
+        state = {
+            "step": step,
+            "data_position": step * self.accumulation,  # batches consumed by each input pipeline
+            "tokens": tokens,
+            "time": round(self.log.elapsed(), 3),
+            "seed": self.cfg.seed,
+            "total_steps": self.total_steps,
+        }
+        self.last_checkpoint = checkpoint.save(
+            self.cfg.run_dir, self.model, self.optimizer, state, self.cfg.keep_checkpoints
+        )
+
+    def _summary(self, start: int, started: float, train_time: float) -> TrainResult:
+        steps = self.total_steps - start
+        tps = steps * self.tokens_per_step / train_time if steps and train_time > 0 else 0.0
+        seq_flops = metrics.train_flops_per_sequence(
+            self.model_cfg, self.train_set.max_length, self.masker.num_predictions
+        )
+        achieved = tps / self.train_set.max_length * seq_flops
+        peak = (self.cfg.peak_tflops * 1e12 if self.cfg.peak_tflops
+                else metrics.matmul_flops() * self.strategy.num_replicas_in_sync)
+        latest = rundir.latest_checkpoint(self.cfg.run_dir)
+        result = TrainResult(
+            run_dir=self.cfg.run_dir, step=self.total_steps, steps_this_session=steps,
+            tokens=self.total_steps * self.tokens_per_step, wall_time=time.monotonic() - started,
+            tokens_per_second=tps, mfu=achieved / peak if peak else 0.0, peak_flops=peak,
+            eval=self.last_eval, checkpoint=latest[1] if latest else None,
+        )
+        log.info(
+            "done: step %d (%d this session), %d tokens, %.1f s, %.0f tokens/s, MFU %.1f%% "
+            "of %.1f GFLOP/s%s", result.step, steps, result.tokens, result.wall_time, tps,
+            100 * result.mfu, peak / 1e9,
+            f", eval loss {self.last_eval['loss']:.4f}" if self.last_eval else "",
+        )
+        return result

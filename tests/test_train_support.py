@@ -1,0 +1,99 @@
+"""Test data for training tests: a tokenizer trained on WikiText-2 and shards in the reference schema.
+
+Shards are written exactly as the reference recipe writes them (``tf.train.Example`` with int64
+``input_ids`` and ``attention_mask``, files ``dataset-<i>-<n>.tfrecord``, no manifest): each line
+tokenized with ``[CLS] ... [SEP]``, all concatenated and cut into blocks of ``max_length``; the
+last partial block is padded, so padding is exercised too. No test functions here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+SPECIALS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
+
+
+def wikitext_lines(wikitext_dir: Path, split: str = "valid", limit: int | None = None) -> list[str]:
+    """Non-empty lines of a WikiText-2 split."""
+    lines = [
+        ln.strip() for ln in (wikitext_dir / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+    ]
+    lines = [ln for ln in lines if ln]
+    return lines[:limit] if limit else lines
+
+
+def make_tokenizer(out_dir: Path, lines: list[str], vocab_size: int = 1000) -> Path:
+    """Train the reference recipe's Unigram tokenizer and save it as a tokenizer folder."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.Sequence(
+        [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    )
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="<unk>"
+    )
+    tok.train_from_iterator(lines, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    roles = {
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "unk_token": "<unk>",
+        "pad_token": "<pad>",
+        "mask_token": "[MASK]",
+    }
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, **roles}
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(roles, indent=2))
+    return out_dir
+
+
+def blocks(tokenizer_dir: Path, lines: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(input_ids, attention_mask), each (n, max_length): lines packed into blocks."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    ids = np.concatenate([np.asarray(e.ids) for e in tok.encode_batch(lines)])
+    n_full, rest = divmod(len(ids), max_length)
+    pad = tok.token_to_id("<pad>")
+    padded = np.concatenate([ids, np.full(max_length - rest, pad)]) if rest else ids
+    input_ids = padded.reshape(-1, max_length).astype(np.int64)
+    mask = np.ones_like(input_ids)
+    if rest:
+        mask[-1, rest:] = 0
+    return input_ids, mask
+
+
+def write_shards(
+    split_dir: Path, input_ids: np.ndarray, attention_mask: np.ndarray, num_shards: int
+) -> list[Path]:
+    """Write blocks into ``num_shards`` reference-schema TFRecord files (no manifest)."""
+    import tensorflow as tf
+
+    split_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, rows in enumerate(np.array_split(np.arange(len(input_ids)), num_shards)):
+        path = split_dir / f"dataset-{index}-{len(rows)}.tfrecord"
+        with tf.io.TFRecordWriter(str(path)) as writer:
+            for r in rows:
+                feature = {
+                    name: tf.train.Feature(int64_list=tf.train.Int64List(value=values[r].tolist()))
+                    for name, values in (("input_ids", input_ids), ("attention_mask", attention_mask))
+                }
+                writer.write(
+                    tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+                )
+        paths.append(path)
+    return paths
