@@ -97,3 +97,14 @@ def write_shards(
                 )
         paths.append(path)
     return paths
+
+
+def small_corpus(out: Path, wikitext_dir: Path, max_length: int = 32, train_lines: int = 120,
+                 valid_lines: int = 40, vocab_size: int = 500) -> dict[str, Path]:
+    """Tokenizer + train (3 shards) and valid (2 shards) splits of real WikiText-2 text."""
+    tok = make_tokenizer(out / "tokenizer", wikitext_lines(wikitext_dir, "valid", 2000), vocab_size)
+    ids, mask = blocks(tok, wikitext_lines(wikitext_dir, "valid", train_lines), max_length)
+    write_shards(out / "train", ids, mask, 3)
+    ids, mask = blocks(tok, wikitext_lines(wikitext_dir, "test", valid_lines), max_length)
+    write_shards(out / "valid", ids, mask, 2)
+    return {"tokenizer": tok, "train": out / "train", "valid": out / "valid"}

@@ -9,6 +9,11 @@ from collections.abc import Callable
 import keras
 
 
+def optimizer_step(model) -> int:
+    """Optimizer updates done (Keras divides by the accumulation steps), as a Python int."""
+    return int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+
+
 class NonFiniteLoss(Exception):
     """The training loss became NaN or Inf; ``step`` is the first step seen with it."""
 
@@ -36,11 +41,11 @@ class StepMonitor(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._start_time = time.monotonic()
-        self._start_step = int(self.model.optimizer.iterations)
+        self._start_step = optimizer_step(self.model)
 
     def on_train_batch_end(self, batch, logs=None):
         logs = logs if logs is not None else {}
-        self.step = int(self.model.optimizer.iterations)
+        self.step = optimizer_step(self.model)
         loss = logs.get("loss")
         if loss is not None and not math.isfinite(float(loss)):
             raise NonFiniteLoss(self.step)
@@ -60,4 +65,4 @@ class SegmentEnd(keras.callbacks.Callback):
         self.handler = handler
 
     def on_epoch_end(self, epoch, logs=None):
-        self.handler(int(self.model.optimizer.iterations), dict(logs or {}))
+        self.handler(optimizer_step(self.model), dict(logs or {}))

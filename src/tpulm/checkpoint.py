@@ -18,10 +18,33 @@ from tpulm.errors import TpulmError
 log = logging.getLogger(__name__)
 
 
-def rng_variables(model) -> list:
-    """Seed-generator states of the model's layers (dropout), not part of its weights."""
+class _Keyed:
+    """A variable under a stable checkpoint key (``weights`` reads ``.path``)."""
+
+    def __init__(self, key: str, variable):
+        self.path, self.variable, self.shape = key, variable, variable.shape
+
+    def numpy(self):
+        return self.variable.numpy()
+
+    def assign(self, value) -> None:
+        self.variable.assign(value)
+
+
+def training_state_variables(model, optimizer) -> list[_Keyed]:
+    """Optimizer slots and the dropout seed-generator states under stable keys.
+
+    Keras names these variables with process-wide counters (``adam_w_3/...``,
+    ``seed_generator_35/...``) that change with what was built before, so they are keyed by
+    position and the name without its counter: ``optimizer/0003/<slot>``, ``rng/0002``.
+    """
+    keyed = [
+        _Keyed(f"optimizer/{i:04d}/{v.path.split('/', 1)[-1]}", v)
+        for i, v in enumerate(optimizer.variables)
+    ]
     weight_ids = {id(v) for v in model.weights}
-    return [v for v in model.variables if id(v) not in weight_ids]
+    rng = [v for v in model.variables if id(v) not in weight_ids]
+    return keyed + [_Keyed(f"rng/{i:04d}", v) for i, v in enumerate(rng)]
 
 
 def save(run_dir: str, model, optimizer, state: dict, keep: int) -> str:
@@ -45,8 +68,7 @@ def save(run_dir: str, model, optimizer, state: dict, keep: int) -> str:
         storage.makedirs(tmp)
         weights.save(model.weights, storage.join(tmp, rundir.MODEL_WEIGHTS))
         weights.save(
-            list(optimizer.variables) + rng_variables(model),
-            storage.join(tmp, rundir.OPTIMIZER_WEIGHTS),
+            training_state_variables(model, optimizer), storage.join(tmp, rundir.OPTIMIZER_WEIGHTS)
         )
         storage.write_text(storage.join(tmp, rundir.STATE_NAME), json.dumps(state, indent=2) + "\n")
     prune(run_dir, keep)
@@ -84,8 +106,7 @@ def restore(run_dir: str, model, optimizer) -> dict | None:
         log.info("starting from the weights in %s with a fresh optimizer", folder)
         return {"step": 0, "initial_weights": folder}
     weights.load(
-        list(optimizer.variables) + rng_variables(model),
-        storage.join(folder, rundir.OPTIMIZER_WEIGHTS),
+        training_state_variables(model, optimizer), storage.join(folder, rundir.OPTIMIZER_WEIGHTS)
     )
     try:
         state = json.loads(storage.read_text(state_path))

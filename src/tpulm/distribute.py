@@ -188,6 +188,21 @@ def peak_flops(strategy) -> float:
     return metrics.matmul_flops() * strategy.num_replicas_in_sync
 
 
+def densify(values: list) -> list:
+    """Dense tensors for gradients that TensorFlow returns as ``IndexedSlices`` (embeddings).
+
+    Keras' global-norm clipping squares the slices as they are, so a row gathered twice counts
+    as two rows instead of their sum: the norm is wrong unless the gradients are dense.
+    """
+    import keras
+
+    if keras.backend.backend() != "tensorflow":
+        return values
+    import tensorflow as tf
+
+    return [tf.convert_to_tensor(v) if isinstance(v, tf.IndexedSlices) else v for v in values]
+
+
 def all_reduce_sum(values):
     """Sum a tensor or list of tensors over the replicas of a ``tf.distribute`` replica context.
 

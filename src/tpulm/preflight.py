@@ -64,8 +64,12 @@ def resolve_model(
     if not saved:
         return wanted
     existing = config.from_mapping(ModelConfig, saved, f"[model] of {path}")
-    if (existing.vocab_size, existing.pad_token_id) != (vocab_size, pad_id):
-        raise TpulmError(f"[model] of {path} does not match the tokenizer's vocab size / pad id")
+    # An imported model may have a padded vocabulary: at least the tokenizer's is enough.
+    if existing.vocab_size < vocab_size or existing.pad_token_id != pad_id:
+        raise TpulmError(
+            f"[model] of {path} (vocab_size {existing.vocab_size}, pad_token_id "
+            f"{existing.pad_token_id}) does not fit the tokenizer (vocab {vocab_size}, pad {pad_id})"
+        )
     if overrides and config.from_mapping(ModelConfig, {**saved, **overrides}, "overrides") != existing:
         raise TpulmError(
             f"{run_dir} holds a model with other sizes than asked for ({path}); "

@@ -2,7 +2,8 @@
 
 Everything here is ``keras.ops``, so the JAX backend reuses it unchanged. Across ``tf.distribute``
 replicas the gradient is summed *before* clipping, so the clipped norm is the norm of the global
-gradient, exactly as on one device (Keras clips per replica otherwise).
+gradient, exactly as on one device (Keras clips per replica otherwise), and embedding gradients
+are made dense first (Keras' norm of TensorFlow's ``IndexedSlices`` double-counts repeated rows).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class AdamW(keras.optimizers.AdamW):
     """Keras AdamW whose global-norm clipping sees the gradient summed over all replicas."""
 
     def _clip_gradients(self, grads):
-        return super()._clip_gradients(distribute.all_reduce_sum(list(grads)))
+        return super()._clip_gradients(distribute.all_reduce_sum(distribute.densify(list(grads))))
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return grads_and_vars  # TF backend hook: already summed in _clip_gradients

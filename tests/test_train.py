@@ -1,0 +1,137 @@
+"""Training end to end on real shards: CLI + config file, run dir contract, import, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from test_train_support import blocks, make_tokenizer, small_corpus, wikitext_lines, write_shards
+from tpulm import config, rundir, shards, tokenizer
+from tpulm.cli import main
+from tpulm.errors import TpulmError
+from tpulm.train import TrainConfig, fit_calls, run, steps_per_execution
+
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, wikitext_dir):
+    return small_corpus(tmp_path_factory.mktemp("corpus"), wikitext_dir)
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / rundir.METRICS_NAME).read_text().splitlines()]
+
+
+def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys):
+    from tpulm.model import ModelConfig, build_model
+    from tpulm.weights import load
+
+    run_dir = tmp_path / "run"
+    cfg_file = tmp_path / "train.toml"
+    cfg_file.write_text(
+        f'[model]\nhidden_size = 32\n\n[train]\nmodel = "tiny"\ntrain_data = "{corpus["train"]}"\n'
+        f'eval_data = "{corpus["valid"]}"\ntokenizer = "{corpus["tokenizer"]}"\nmax_steps = 40\n'
+        "batch_size = 4\nlearning_rate = 0.002\ncheckpoint_every = 10\nkeep_checkpoints = 2\n"
+        "eval_every = 20\nlog_every = 5\nprogress = false\ngradient_accumulation = 2\n"
+    )
+    code = main(["train", "--config", str(cfg_file), "--run-dir", str(run_dir), "--batch-size", "8",
+                 "--peak-tflops", "1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "steps        40 (40 this run)" in out and "tokens       20,480" in out  # 40 x 2 x 8 x 32
+    saved = config.load_toml(str(run_dir / rundir.CONFIG_NAME))
+    assert saved["train"]["batch_size"] == 8 and saved["model"]["hidden_size"] == 32
+    assert [s for s, _ in rundir.list_checkpoints(str(run_dir))] == [30, 40]
+    state = json.loads((run_dir / "checkpoints/ckpt-000000040/state.json").read_text())
+    assert state["step"] == 40 and state["data_position"] == 80 and state["tokens"] == 20480
+    assert tokenizer.fingerprint(str(run_dir / "tokenizer")) == tokenizer.fingerprint(str(corpus["tokenizer"]))
+    model = build_model(config.from_mapping(ModelConfig, saved["model"], "config.toml"))
+    load(model.weights, str(run_dir / "checkpoints/ckpt-000000040/model.safetensors"))
+    lines = _metrics(run_dir)
+    train = [x for x in lines if x["split"] == "train"]
+    evals = [x for x in lines if x["split"] == "eval"]
+    assert [x["step"] for x in train] == list(range(5, 45, 5))
+    assert [x["step"] for x in evals] == [20, 40]
+    assert set(train[0]) == {"split", "step", "time", "tokens", "loss", "accuracy", "learning_rate", "tokens_per_second"}
+    assert set(evals[0]) == {"split", "step", "time", "tokens", "loss", "accuracy", "perplexity"}
+    assert math.isclose(evals[-1]["perplexity"], math.exp(evals[-1]["loss"]), rel_tol=1e-6)
+    assert evals[-1]["loss"] < math.log(500) - 0.5  # learnt more than the uniform guess
+    assert train[-1]["learning_rate"] == pytest.approx(0.002 / 38)  # last of 40 steps, 2 warmup
+    assert {p.name for p in (run_dir / "tensorboard").iterdir()} == {"train", "eval"}
+
+
+def test_training_starts_from_imported_weights(tmp_path, corpus):
+    """A run dir holding only config.toml, tokenizer/ and ckpt-000000000/model.safetensors."""
+    common = dict(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]), **QUICK)
+    trained = run(TrainConfig(run_dir=str(tmp_path / "a"), tokenizer=str(corpus["tokenizer"]),
+                              max_steps=30, log_every=30, **common))
+    imported = tmp_path / "imported"
+    (imported / "checkpoints/ckpt-000000000").mkdir(parents=True)
+    saved = config.load_toml(str(tmp_path / "a" / rundir.CONFIG_NAME))
+    (imported / rundir.CONFIG_NAME).write_text(config.to_toml({"model": saved["model"]}))
+    (imported / "tokenizer").mkdir()
+    for f in (tmp_path / "a/tokenizer").iterdir():
+        (imported / "tokenizer" / f.name).write_bytes(f.read_bytes())
+    (imported / "checkpoints/ckpt-000000000/model.safetensors").write_bytes(
+        (tmp_path / "a/checkpoints/ckpt-000000030/model.safetensors").read_bytes()
+    )
+    result = run(TrainConfig(run_dir=str(imported), max_steps=2, log_every=1, **common))
+    assert result.step == 2 and result.steps_this_session == 2
+    first = [x for x in _metrics(imported) if x["split"] == "train"][0]
+    assert first["step"] == 1 and first["learning_rate"] == pytest.approx(1e-3)  # fresh schedule
+    # The imported weights start where run "a" ended, far below the untrained loss.
+    assert first["loss"] < trained.eval["loss"] + 0.3 < math.log(500)
+
+
+def test_nan_loss_stops_naming_the_step_and_last_checkpoint(tmp_path, corpus):
+    from safetensors.numpy import load_file, save_file
+
+    common = dict(train_data=str(corpus["train"]), tokenizer=str(corpus["tokenizer"]), **QUICK)
+    run(TrainConfig(run_dir=str(tmp_path / "run"), max_steps=4, checkpoint_every=4, **common))
+    ckpt = tmp_path / "run/checkpoints/ckpt-000000004/model.safetensors"
+    arrays = load_file(str(ckpt))
+    gamma = next(k for k in arrays if k.endswith("layer_norm/gamma"))
+    arrays[gamma] = np.full_like(arrays[gamma], np.nan)  # a poisoned weight
+    save_file(arrays, str(ckpt))
+    with pytest.raises(TpulmError, match=r"NaN/Inf at step 5; last good checkpoint: .*ckpt-000000004"):
+        run(TrainConfig(run_dir=str(tmp_path / "run"), max_steps=8, log_every=1, **common))
+
+
+def test_shards_that_do_not_fit_the_model_or_tokenizer_are_refused(tmp_path, corpus, wikitext_dir):
+    lines = wikitext_lines(wikitext_dir, "test", 30)
+    long_ids, long_mask = blocks(corpus["tokenizer"], lines, 140)  # tiny takes 128 positions
+    write_shards(tmp_path / "long", long_ids, long_mask, 1)
+    common = dict(tokenizer=str(corpus["tokenizer"]), max_steps=1, **QUICK)
+    with pytest.raises(TpulmError, match="sequences of 140 tokens but the model takes at most 128"):
+        run(TrainConfig(run_dir=str(tmp_path / "r1"), train_data=str(tmp_path / "long"), **common))
+    small_tok = make_tokenizer(tmp_path / "small_tok", lines * 3, vocab_size=100)
+    with pytest.raises(TpulmError, match="holds token id .* but the vocabulary has 100"):
+        run(TrainConfig(run_dir=str(tmp_path / "r2"), train_data=str(corpus["train"]),
+                        **{**common, "tokenizer": str(small_tok)}))
+    manifest = shards.Manifest(tokenizer_fingerprint="0" * 64, vocab_size=500, max_length=32,
+                               shards=tuple(shards.ShardInfo(p.name, 1, 1) for p in sorted(corpus["train"].glob("*.tfrecord"))))
+    marked = tmp_path / "marked"
+    marked.mkdir()
+    for p in corpus["train"].glob("*.tfrecord"):
+        (marked / p.name).write_bytes(p.read_bytes())
+    shards.write_manifest(str(marked), manifest)
+    with pytest.raises(TpulmError, match="tokenized with another tokenizer"):
+        run(TrainConfig(run_dir=str(tmp_path / "r3"), train_data=str(marked), **common))
+    with pytest.raises(TpulmError, match="no tokenizer"):
+        run(TrainConfig(run_dir=str(tmp_path / "r4"), train_data=str(corpus["train"]), model="tiny"))
+
+
+def test_fit_calls_align_segments_on_step_zero():
+    assert fit_calls(0, 25, 10) == [(0, 10, 3)]
+    assert fit_calls(10, 25, 10) == [(10, 10, 2)]
+    assert fit_calls(12, 25, 10) == [(12, 8, 1), (20, 10, 1)]
+    assert fit_calls(25, 25, 10) == []
+    cfg = TrainConfig()
+    assert steps_per_execution(cfg, fit_calls(0, 25, 10), 25, 1) == 5  # divides 10 and 25
+    assert steps_per_execution(cfg, fit_calls(0, 3000, 100), 3000, 1) == 25
+    with pytest.raises(TpulmError, match="batch_size must be at least 1"):
+        TrainConfig(batch_size=0)
