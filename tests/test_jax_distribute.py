@@ -113,3 +113,9 @@ def test_train_config_checks_backend_and_mesh_needs_jax():
 def test_jax_tpu_must_be_local():
     with pytest.raises(TpulmError, match="run tpulm on the TPU VM itself"):
         distribute_jax.initialize_cluster("my-tpu")
+
+
+def test_reexec_refuses_outside_the_tpulm_command():
+    """pytest is not `tpulm`: re-executing it as `python -m tpulm` would run something else."""
+    with pytest.raises(backends.BackendMismatch, match="KERAS_BACKEND=jax"):
+        backends.reexec("jax")

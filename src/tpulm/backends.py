@@ -78,9 +78,12 @@ def reexec(wanted: str) -> None:
     """Replace this process by ``python -m tpulm <same arguments>`` with ``KERAS_BACKEND=wanted``.
 
     Used by the CLI when something imported Keras before the backend was known. Never returns;
-    raises :class:`BackendMismatch` instead if this process already is such a re-execution.
+    raises :class:`BackendMismatch` instead if this process already is such a re-execution, or is
+    not the ``tpulm`` command (then ``sys.argv`` is not its command line).
     """
-    if os.environ.get(_REEXEC_MARK):
+    parts = os.path.normpath(sys.argv[0]).split(os.sep)
+    is_cli = parts[-1] == "tpulm" or parts[-2:] == ["tpulm", "__main__.py"]
+    if os.environ.get(_REEXEC_MARK) or not is_cli:
         raise BackendMismatch(wanted, current() or "another backend")
     env = {**os.environ, "KERAS_BACKEND": wanted, _REEXEC_MARK: "1"}
     sys.stdout.flush()
