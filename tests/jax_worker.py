@@ -38,7 +38,7 @@ def _logits(model, inputs_path: str, out_path: str) -> None:
 def _sharding(variable) -> dict:
     value = variable.value
     return {
-        "spec": [None if a is None else str(a) for a in value.sharding.spec],
+        "spec": [None if a is None else str(a) for a in getattr(value.sharding, "spec", ())],
         "shard_shape": list(value.addressable_shards[0].data.shape),
         "devices": len(value.sharding.device_set),
     }
