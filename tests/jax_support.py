@@ -31,17 +31,21 @@ def corpus(out: Path, wikitext_dir: Path, max_length: int = 32) -> dict[str, str
 
 
 def train_config(data: dict[str, str], run_dir: Path, **overrides) -> dict:
-    """``TrainConfig`` fields of a short tiny-model run (6 steps, checkpoints every 3)."""
+    """``TrainConfig`` fields of a short tiny-model run (6 steps, checkpoints every 3, no eval).
+
+    A fixed ``peak_tflops`` skips the matmul measurement for the MFU estimate (seconds per run).
+    """
     return {
-        **data, "run_dir": str(run_dir), "model": "tiny", "batch_size": 8, "max_steps": 6,
+        "train_data": data["train_data"], "tokenizer": data["tokenizer"], "run_dir": str(run_dir),
+        "peak_tflops": 1.0, "model": "tiny", "batch_size": 8, "max_steps": 6,
         "learning_rate": 1e-3, "warmup": 2.0, "log_every": 1, "eval_every": 6,
         "checkpoint_every": 3, "keep_checkpoints": 5, "shuffle_buffer": 100, "progress": False,
         **overrides,
     }
 
 
-def run_jax(jobs: list[dict], work: Path, timeout: float = 300) -> list[dict]:
-    """Run ``jobs`` (see ``jax_worker``) on the JAX backend in one subprocess; their results."""
+def start_jax(jobs: list[dict], work: Path) -> tuple[subprocess.Popen, Path]:
+    """Start ``jobs`` (see ``jax_worker``) on the JAX backend in a subprocess; see ``finish_jax``."""
     work.mkdir(parents=True, exist_ok=True)
     jobs_path, results_path = work / "jobs.json", work / "results.json"
     jobs_path.write_text(json.dumps(jobs))
@@ -52,14 +56,30 @@ def run_jax(jobs: list[dict], work: Path, timeout: float = 300) -> list[dict]:
         "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(TESTS / "jax_worker.py"), str(jobs_path), str(results_path)],
-        env=env, capture_output=True, text=True, timeout=timeout,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
+    return proc, results_path
+
+
+def finish_jax(started: tuple[subprocess.Popen, Path], timeout: float = 300) -> list[dict]:
+    """Wait for a ``start_jax`` subprocess; the results of its jobs."""
+    proc, results_path = started
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     if proc.returncode != 0:
-        raise AssertionError(f"JAX worker failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
+        raise AssertionError(f"JAX worker failed ({proc.returncode}):\n{stderr[-6000:]}")
     results = json.loads(results_path.read_text())
     for result in results:
         if "losses" in result:
             result["losses"] = {int(k): v for k, v in result["losses"].items()}
     return results
+
+
+def run_jax(jobs: list[dict], work: Path, timeout: float = 300) -> list[dict]:
+    """Run ``jobs`` on the JAX backend in one subprocess and wait; their results."""
+    return finish_jax(start_jax(jobs, work), timeout)

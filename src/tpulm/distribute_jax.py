@@ -177,11 +177,15 @@ class MeshStrategy:
     @property
     def devices(self) -> list:
         """The mesh's devices, all processes together."""
+        if self.distribution is None:
+            import jax
+
+            return jax.devices()[:1]
         return list(self.distribution.device_mesh.devices.flat)
 
     def scope(self):
         """Variables created inside get the distribution's layouts."""
-        return self.distribution.scope()
+        return contextlib.nullcontext() if self.distribution is None else self.distribution.scope()
 
     def use_xla(self) -> bool:
         """Always: on JAX every step is compiled."""
@@ -244,11 +248,18 @@ def build(placement) -> MeshStrategy:
 
     initialize_cluster(placement.tpu)
     devices = jax.devices()
+    data, model = parse_mesh(placement.mesh, len(devices)) if placement.mesh else (len(devices), 1)
+    if data * model == 1 and jax.process_count() == 1:
+        # One device needs no mesh; a 1-device mesh would even compile the step twice (the
+        # variables come back from the first step with a single-device sharding).
+        keras.distribution.set_distribution(None)
+        log.info("jax_single_device on %s%s", devices[0],
+                 f" ({len(devices) - 1} other devices idle)" if len(devices) > 1 else "")
+        return MeshStrategy(None, 1, "jax_single_device")
     if placement.mesh is None:
         distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
         strategy = MeshStrategy(distribution, len(devices), "jax_data_parallel")
     else:
-        data, model = parse_mesh(placement.mesh, len(devices))
         _check_process_layout(data * model, model, len(devices))
         mesh = keras.distribution.DeviceMesh(
             (data, model), _AXES, devices=devices[: data * model]
