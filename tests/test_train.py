@@ -14,7 +14,9 @@ from tpulm.cli import main
 from tpulm.errors import TpulmError
 from tpulm.train import TrainConfig, fit_calls, run, steps_per_execution
 
-QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
+# Graph mode: XLA compiles cost ~5 s a run here; the CLI and resume tests cover XLA.
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
+             jit_compile=False)
 
 
 @pytest.fixture(scope="module")
