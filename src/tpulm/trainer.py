@@ -169,7 +169,7 @@ class Trainer:
             {"model": as_table(self.model_cfg), "train": as_table(self.cfg)},
         )
         self.log = metrics.MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
-        self.last_eval, self.overhead, self.last_checkpoint = None, 0.0, None
+        self.last_eval, self.overhead, self.last_checkpoint, self.marks = None, 0.0, None, []
         calls = fit_calls(start, self.total_steps, self.segment)
         self._compile(model, optimizer, calls)
         log.info(
@@ -190,8 +190,7 @@ class Trainer:
             ) from None
         if start >= self.total_steps:  # nothing left to train: report the final state
             self._segment_end(start, {}, final_only=True)
-        train_time = time.monotonic() - fit_started - self.overhead
-        return self._summary(start, started, train_time)
+        return self._summary(start, started, self._tokens_per_second(start, fit_started))
 
     def _run_calls(self, calls) -> None:
         a = self.accumulation
@@ -211,6 +210,7 @@ class Trainer:
     def _segment_end(self, step: int, logs: dict, final_only: bool = False) -> None:
         """Log, evaluate and checkpoint when due (always at the last step)."""
         t0 = time.monotonic()
+        self.marks.append((t0 - self.overhead, step))  # training clock, without evals and saves
         cfg, tokens = self.cfg, step * self.tokens_per_step
         last = step >= self.total_steps
         if not final_only and "loss" in logs:
@@ -255,9 +255,19 @@ class Trainer:
             self.cfg.run_dir, self.model, self.optimizer, state, self.cfg.keep_checkpoints
         )
 
-    def _summary(self, start: int, started: float, train_time: float) -> TrainResult:
+    def _tokens_per_second(self, start: int, fit_started: float) -> float:
+        """Steady throughput: after the first segment (which includes compilation) if possible."""
+        marks = [m for m in self.marks if m[1] > start]
+        if len(marks) >= 2:
+            (t0, s0), (t1, s1) = marks[0], marks[-1]
+        elif marks:
+            (t0, s0), (t1, s1) = (fit_started, start), marks[-1]
+        else:
+            return 0.0
+        return (s1 - s0) * self.tokens_per_step / max(t1 - t0, 1e-9)
+
+    def _summary(self, start: int, started: float, tps: float) -> TrainResult:
         steps = self.total_steps - start
-        tps = steps * self.tokens_per_step / train_time if steps and train_time > 0 else 0.0
         seq_flops = metrics.train_flops_per_sequence(
             self.model_cfg, self.train_set.max_length, self.masker.num_predictions
         )
