@@ -44,17 +44,26 @@ def train_config(data: dict[str, str], run_dir: Path, **overrides) -> dict:
     }
 
 
-def start_jax(jobs: list[dict], work: Path) -> tuple[subprocess.Popen, Path]:
-    """Start ``jobs`` (see ``jax_worker``) on the JAX backend in a subprocess; see ``finish_jax``."""
+def start_jax(jobs: list[dict], work: Path, devices: int = DEVICES,
+              env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Path]:
+    """Start ``jobs`` (see ``jax_worker``) on the JAX backend in a subprocess; see ``finish_jax``.
+
+    Args:
+        jobs: the jobs.
+        work: folder for the job and result files (one per subprocess).
+        devices: virtual CPU devices of the subprocess.
+        env: extra environment (e.g. ``JAX_COORDINATOR_ADDRESS`` for a multi-process run).
+    """
     work.mkdir(parents=True, exist_ok=True)
     jobs_path, results_path = work / "jobs.json", work / "results.json"
     jobs_path.write_text(json.dumps(jobs))
     env = {
         **os.environ,
         "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES}",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "PYTHONPATH": os.pathsep.join([str(SRC), str(TESTS), os.environ.get("PYTHONPATH", "")]),
         "TF_CPP_MIN_LOG_LEVEL": "3",
+        **(env or {}),
     }
     proc = subprocess.Popen(
         [sys.executable, str(TESTS / "jax_worker.py"), str(jobs_path), str(results_path)],
@@ -78,6 +87,15 @@ def finish_jax(started: tuple[subprocess.Popen, Path], timeout: float = 300) -> 
         if "losses" in result:
             result["losses"] = {int(k): v for k, v in result["losses"].items()}
     return results
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for the JAX coordinator)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
 
 
 def run_jax(jobs: list[dict], work: Path, timeout: float = 300) -> list[dict]:

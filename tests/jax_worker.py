@@ -7,6 +7,8 @@ dict with ``kind``:
   TrainResult fields, the strategy name, the per-step train losses from ``metrics.jsonl``, and
   for ``shardings`` the partition spec and local shard shape of each listed variable path.
   With ``logits`` (an ``.npz`` of model inputs) it also writes the trained model's logits.
+  With ``simulate_hosts: n`` one process stands in for ``n`` hosts: its global batch is made of
+  the ``n`` per-host input pipelines' batches, concatenated (what ``n`` JAX processes assemble).
 * ``logits``: build the model of ``model_config``, load ``weights`` (safetensors), write the
   logits for ``inputs`` (``.npz``) to ``out`` (``.npy``).
 
@@ -44,6 +46,27 @@ def _sharding(variable) -> dict:
     }
 
 
+class SimulatedHosts:
+    """The strategy of ``hosts`` JAX processes, in one: per-host pipelines, batches concatenated."""
+
+    def __init__(self, strategy, hosts: int):
+        self.strategy, self.hosts = strategy, hosts
+
+    def __getattr__(self, name):
+        return getattr(self.strategy, name)
+
+    def needs_input_pipelines(self) -> bool:
+        return True
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        import tensorflow as tf
+
+        parts = [dataset_fn(tf.distribute.InputContext(self.hosts, i, self.hosts))
+                 for i in range(self.hosts)]
+        return tf.data.Dataset.zip(tuple(parts)).map(
+            lambda *batches: tf.nest.map_structure(lambda *t: tf.concat(t, 0), *batches))
+
+
 def train(job: dict) -> dict:
     import keras
 
@@ -52,6 +75,8 @@ def train(job: dict) -> dict:
 
     keras.backend.clear_session()  # fresh layer names: checkpoint paths do not depend on history
     session = trainer.Trainer(TrainConfig(**job["config"]), dict(job.get("model", {})))
+    if job.get("simulate_hosts"):
+        session.strategy = SimulatedHosts(session.strategy, job["simulate_hosts"])
     result = session.fit()
     by_path = {v.path: v for v in list(session.model.weights) + list(session.optimizer.variables)}
     out = {

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from jax_support import DEVICES, SRC, corpus, finish_jax, run_jax, start_jax, train_config
+from jax_support import DEVICES, SRC, corpus, finish_jax, free_port, run_jax, start_jax, train_config
 from tpulm import rundir, weights
 from tpulm.model import ModelConfig, build_model
 
@@ -88,35 +88,68 @@ def _losses(run_dir) -> dict[int, float]:
     return {x["step"]: x["loss"] for x in lines if x["split"] == "train"}
 
 
-def test_one_device_data_parallel_and_mesh_train_alike(tmp_path, data):
-    """Same global batch (8), dropout on: losses and final weights agree; the mesh shards weights."""
-    query, word = "roberta_mlm/layer_0/query/kernel", "roberta_mlm/embeddings/word_embeddings/embeddings"
-    watched = [query, word, "roberta_mlm/layer_1/output/kernel", "roberta_mlm/layer_0/intermediate/kernel",
-               "roberta_mlm/embeddings/layer_norm/gamma"]
-    runs = {"one": ("data=1,model=1", 8), "dp": (None, 2), "mesh": ("data=2,model=2", 4)}
-    jobs = [
-        {"kind": "train", "shardings": watched,
-         "config": train_config(data, tmp_path / name, mesh=mesh, batch_size=batch, max_steps=4,
-                                checkpoint_every=4)}
-        for name, (mesh, batch) in runs.items()
+QUERY, WORD = "roberta_mlm/layer_0/query/kernel", "roberta_mlm/embeddings/word_embeddings/embeddings"
+WATCHED = [QUERY, WORD, "roberta_mlm/layer_1/output/kernel", "roberta_mlm/layer_0/intermediate/kernel",
+           "roberta_mlm/embeddings/layer_norm/gamma"]
+LAYOUTS = {"one": ("data=1,model=1", 8), "dp": (None, 2), "mesh": ("data=2,model=2", 4)}
+
+
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory, data):
+    """4-step runs, global batch 8, dropout on: 1 device, 4-way DataParallel, a 2x2 mesh and one
+    process simulating 2 hosts (one 4-device worker), next to 2 real JAX processes x 2 devices
+    (jax.distributed, gloo collectives on CPU), all started at once."""
+    root = tmp_path_factory.mktemp("distributed")
+    quick = dict(max_steps=4, checkpoint_every=4)
+    cluster = {"JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}", "JAX_NUM_PROCESSES": "2"}
+    hosts = [
+        start_jax([{"kind": "train", "config": train_config(data, root / f"host{i}", batch_size=2, **quick)}],
+                  root / f"work{i}", devices=2, env={**cluster, "JAX_PROCESS_ID": str(i)})
+        for i in range(2)
     ]
-    one, dp, mesh = run_jax(jobs, tmp_path / "work")
+    jobs = [{"kind": "train", "shardings": WATCHED,
+             "config": train_config(data, root / name, mesh=mesh, batch_size=batch, **quick)}
+            for name, (mesh, batch) in LAYOUTS.items()]
+    jobs.append({"kind": "train", "simulate_hosts": 2,
+                 "config": train_config(data, root / "two_hosts", batch_size=2, **quick)})
+    one, dp, mesh, two_hosts = run_jax(jobs, root / "work")
+    host0, host1 = (finish_jax(h)[0] for h in hosts)
+    return {"root": root, "one": one, "dp": dp, "mesh": mesh, "two_hosts": two_hosts,
+            "host0": host0, "host1": host1}
+
+
+def test_one_device_data_parallel_and_mesh_train_alike(distributed):
+    """Same global batch: losses and final weights agree; the mesh shards the large weights."""
+    one, dp, mesh, root = distributed["one"], distributed["dp"], distributed["mesh"], distributed["root"]
     assert [r["replicas"] for r in (one, dp, mesh)] == [1, DEVICES, 2]
     assert [r["strategy"] for r in (one, dp, mesh)] == ["jax_mesh"] * 3
     assert sorted(one["losses"]) == [1, 2, 3, 4]
-    for other in (dp, mesh):
-        np.testing.assert_allclose([other["losses"][s] for s in range(1, 5)],
+    for name in ("dp", "mesh"):
+        np.testing.assert_allclose([distributed[name]["losses"][s] for s in range(1, 5)],
                                    [one["losses"][s] for s in range(1, 5)], rtol=MESH_LOSS_RTOL, atol=0)
-        _assert_same_checkpoint(_checkpoint(tmp_path / ("dp" if other is dp else "mesh"), 4),
-                                _checkpoint(tmp_path / "one", 4), MESH_WEIGHT_ATOL)
+        _assert_same_checkpoint(_checkpoint(root / name, 4), _checkpoint(root / "one", 4), MESH_WEIGHT_ATOL)
     assert one["losses"][4] < one["losses"][1]  # it learns
     shards = mesh["shardings"]
-    assert shards[query] == {"spec": [None, "model"], "shard_shape": [64, 32], "devices": 4}
-    assert shards[word] == {"spec": ["model", None], "shard_shape": [250, 64], "devices": 4}
+    assert shards[QUERY] == {"spec": [None, "model"], "shard_shape": [64, 32], "devices": 4}
+    assert shards[WORD] == {"spec": ["model", None], "shard_shape": [250, 64], "devices": 4}
     assert shards["roberta_mlm/layer_1/output/kernel"]["shard_shape"] == [64, 64]  # (128, 64) by row
     assert shards["roberta_mlm/layer_0/intermediate/kernel"]["shard_shape"] == [64, 64]  # by column
     assert shards["roberta_mlm/embeddings/layer_norm/gamma"]["shard_shape"] == [64]  # replicated
-    assert dp["shardings"][query]["shard_shape"] == [64, 64]  # data parallel: replicas
+    assert dp["shardings"][QUERY]["shard_shape"] == [64, 64]  # data parallel: replicas
+
+
+def test_two_processes_each_read_their_own_files(distributed):
+    """Each host reads its shard files (3 shards: host 0 files 0 and 2, host 1 file 1) and half of
+    the global batch; the run matches one process whose batches are the two hosts' pipelines
+    concatenated (and differs from reading all files in one pipeline)."""
+    host0, host1, want = distributed["host0"], distributed["host1"], distributed["two_hosts"]
+    assert host0["replicas"] == host1["replicas"] == want["replicas"] == DEVICES
+    assert host0["losses"] == host1["losses"]  # one program: the same global loss on both
+    np.testing.assert_allclose([host0["losses"][s] for s in range(1, 5)], [want["losses"][s] for s in range(1, 5)],
+                               rtol=MESH_LOSS_RTOL, atol=0)
+    assert abs(host0["losses"][1] - distributed["dp"]["losses"][1]) > 1e-4  # other batches
+    root = distributed["root"]
+    _assert_same_checkpoint(_checkpoint(root / "host0", 4), _checkpoint(root / "two_hosts", 4), MESH_WEIGHT_ATOL)
 
 
 def test_same_weights_give_the_same_logits_on_both_backends(tmp_path):
