@@ -9,6 +9,7 @@ shared and noisy) and the best round of each counts. Prints tokens/s, MFU agains
 (2048, 2048) matmul either framework measured in the same run, and the JAX / TF ratio.
 
     PYTHONPATH=src python benchmarks/train_backends.py [--steps 20] [--warmup 5] [--rounds 2]
+        [--dropout-off]   (both backends without dropout: takes their random generators out)
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def child(args) -> None:
     from tpulm.masking import max_predictions
 
     data = {"tokenizer": Path(args.data) / "tokenizer", "train": Path(args.data) / "train"}
+    if args.dropout_off:
+        bench.MODEL.update(hidden_dropout=0.0, attention_dropout=0.0)
     run = bench.tpulm_run(data, Path(args.run_dir), args.steps, args.warmup)
     flops = metrics.train_flops_per_sequence(run["model_cfg"], bench.SEQ, max_predictions(bench.SEQ, 0.15))
     print("RESULT", json.dumps({
@@ -62,7 +65,8 @@ def run_child(backend: str, data: Path, run_dir: Path, args) -> dict:
     env.pop("XLA_FLAGS", None)  # one CPU device, as the TF backend sees it
     proc = subprocess.run(
         [sys.executable, __file__, "--child", "--data", str(data), "--run-dir", str(run_dir),
-         "--steps", str(args.steps), "--warmup", str(args.warmup)],
+         "--steps", str(args.steps), "--warmup", str(args.warmup)]
+        + (["--dropout-off"] if args.dropout_off else []),
         capture_output=True, text=True, env=env,
     )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
@@ -76,6 +80,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (compilation)")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per backend")
+    parser.add_argument("--dropout-off", action="store_true", help="no dropout on either backend")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", help=argparse.SUPPRESS)
@@ -97,7 +102,7 @@ def main() -> None:
     print(f"\nCPU threads {len(os.sched_getaffinity(0))}; best fp32 2048^3 matmul: "
           + ", ".join(f"{b} {best[b]['peak'] / 1e9:.1f}" for b in BACKENDS) + " GFLOP/s")
     print(f"config: 4 layers, hidden 256, 4 heads, FFN 1024, vocab {bench.VOCAB}, seq {bench.SEQ}, "
-          f"batch {bench.BATCH}, fp32, best of {args.rounds} round(s) of {args.steps} steps")
+          f"batch {bench.BATCH}, fp32{', no dropout' if args.dropout_off else ''}, best of {args.rounds} round(s) of {args.steps} steps")
     for backend in BACKENDS:
         r = best[backend]
         mfu = r["tokens_per_second"] * r["flops_per_token"] / peak
