@@ -98,12 +98,15 @@ LAYOUTS = {"one": ("data=1,model=1", 8), "dp": (None, 2), "mesh": ("data=2,model
 def distributed(tmp_path_factory, data):
     """4-step runs, global batch 8, dropout on: 1 device, 4-way DataParallel, a 2x2 mesh and one
     process simulating 2 hosts (one 4-device worker), next to 2 real JAX processes x 2 devices
-    (jax.distributed, gloo collectives on CPU), all started at once."""
+    (jax.distributed, gloo collectives on CPU) on a 2x2 mesh (a model replica per host), all
+    started at once."""
     root = tmp_path_factory.mktemp("distributed")
     quick = dict(max_steps=4, checkpoint_every=4)
     cluster = {"JAX_COORDINATOR_ADDRESS": f"localhost:{free_port()}", "JAX_NUM_PROCESSES": "2"}
     hosts = [
-        start_jax([{"kind": "train", "config": train_config(data, root / f"host{i}", batch_size=2, **quick)}],
+        start_jax([{"kind": "train", "shardings": [QUERY],
+                    "config": train_config(data, root / f"host{i}", mesh="data=2,model=2", batch_size=4,
+                                           **quick)}],
                   root / f"work{i}", devices=2, env={**cluster, "JAX_PROCESS_ID": str(i)})
         for i in range(2)
     ]
@@ -140,10 +143,12 @@ def test_one_device_data_parallel_and_mesh_train_alike(distributed):
 
 def test_two_processes_each_read_their_own_files(distributed):
     """Each host reads its shard files (3 shards: host 0 files 0 and 2, host 1 file 1) and half of
-    the global batch; the run matches one process whose batches are the two hosts' pipelines
-    concatenated (and differs from reading all files in one pipeline)."""
+    the global batch; the run (2x2 mesh, weights split over each host's 2 devices) matches one
+    process whose batches are the two hosts' pipelines concatenated (and differs from reading all
+    files in one pipeline)."""
     host0, host1, want = distributed["host0"], distributed["host1"], distributed["two_hosts"]
-    assert host0["replicas"] == host1["replicas"] == want["replicas"] == DEVICES
+    assert host0["replicas"] == host1["replicas"] == 2 and want["replicas"] == DEVICES
+    assert host0["shardings"][QUERY] == {"spec": [None, "model"], "shard_shape": [64, 32], "devices": 4}
     assert host0["losses"] == host1["losses"]  # one program: the same global loss on both
     np.testing.assert_allclose([host0["losses"][s] for s in range(1, 5)], [want["losses"][s] for s in range(1, 5)],
                                rtol=MESH_LOSS_RTOL, atol=0)
