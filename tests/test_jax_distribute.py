@@ -119,3 +119,12 @@ def test_reexec_refuses_outside_the_tpulm_command():
     """pytest is not `tpulm`: re-executing it as `python -m tpulm` would run something else."""
     with pytest.raises(backends.BackendMismatch, match="KERAS_BACKEND=jax"):
         backends.reexec("jax")
+
+
+def test_train_command_offers_backend_and_mesh(capsys):
+    from tpulm.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--backend BACKEND Keras backend, tensorflow or jax" in text and "--mesh MESH" in text

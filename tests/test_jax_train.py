@@ -180,16 +180,17 @@ def test_same_weights_give_the_same_logits_on_both_backends(tmp_path):
 
 
 def _start_cli_jax(cfg: dict, work) -> subprocess.Popen:
-    """Start ``python -m tpulm train --backend jax ...`` with no KERAS_BACKEND in the environment."""
+    """Start ``python -m tpulm train --config F ...`` (F: ``[train] backend = "jax"``), no KERAS_BACKEND."""
     flags = []
     for key, value in cfg.items():
         flags += [f"--{key.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={DEVICES}",
                PYTHONPATH=os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")]))
-    model_toml = work / "model.toml"
-    model_toml.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in NO_DROPOUT.items()))
-    return subprocess.Popen([sys.executable, "-m", "tpulm", "train", "--config", str(model_toml), *flags],
+    config_file = work / "train.toml"  # the backend from the [train] table, not from a flag
+    config_file.write_text('[train]\nbackend = "jax"\n\n[model]\n'
+                           + "".join(f"{k} = {v}\n" for k, v in NO_DROPOUT.items()))
+    return subprocess.Popen([sys.executable, "-m", "tpulm", "train", "--config", str(config_file), *flags],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -201,7 +202,7 @@ def test_checkpoints_resume_across_backends_and_export(tmp_path, data):
     from tpulm import config, hf
 
     tf_run, jax_run = tmp_path / "tf_first", tmp_path / "jax_first"
-    cli = _start_cli_jax(train_config(data, jax_run, backend="jax", mesh="data=2,model=2",
+    cli = _start_cli_jax(train_config(data, jax_run, mesh="data=2,model=2",
                                       batch_size=4, eval_data=data["eval_data"]), tmp_path)
     tf_cfg = train_config(data, tf_run)
     _train_tf(tf_cfg, NO_DROPOUT)  # meanwhile
