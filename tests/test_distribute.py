@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
                   max_steps=4, log_every=1, eval_every=100, checkpoint_every=4, learning_rate=1e-3,
                   warmup=0, clip_norm=0.05, progress=False, peak_tflops=1.0)
     # One replica without XLA (as the two-replica run falls back to), for like-for-like numerics.
-    one = run(TrainConfig(run_dir=out + "/one", batch_size=8, jit_compile=False, **common), no_dropout)
+    one = run(TrainConfig(run_dir=out + "/one", batch_size=8, jit_compile="false", **common), no_dropout)
     distribute.STRATEGIES.insert(0, distribute._Entry(
         "mirrored_cpus", lambda p: True,
         lambda p: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])))

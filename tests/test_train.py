@@ -14,9 +14,8 @@ from tpulm.cli import main
 from tpulm.errors import TpulmError
 from tpulm.train import TrainConfig, fit_calls, run, steps_per_execution
 
-# Graph mode: XLA compiles cost ~5 s a run here; the CLI and resume tests cover XLA.
-QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
-             jit_compile=False)
+# jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +27,11 @@ def _metrics(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / rundir.METRICS_NAME).read_text().splitlines()]
 
 
-def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys):
+def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys, caplog):
     from tpulm.model import ModelConfig, build_model
     from tpulm.weights import load
 
+    caplog.set_level("INFO")
     run_dir = tmp_path / "run"
     cfg_file = tmp_path / "train.toml"
     cfg_file.write_text(
@@ -41,9 +41,10 @@ def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, 
         "eval_every = 20\nlog_every = 5\nprogress = false\ngradient_accumulation = 2\n"
     )
     code = main(["train", "--config", str(cfg_file), "--run-dir", str(run_dir), "--batch-size", "8",
-                 "--peak-tflops", "1"])
+                 "--peak-tflops", "1", "--jit-compile", "true"])
     assert code == 0
     out = capsys.readouterr().out
+    assert any("XLA on" in r.getMessage() for r in caplog.records)
     assert "steps        40 (40 this run)" in out and "tokens       20,480" in out  # 40 x 2 x 8 x 32
     saved = config.load_toml(str(run_dir / rundir.CONFIG_NAME))
     assert saved["train"]["batch_size"] == 8 and saved["model"]["hidden_size"] == 32

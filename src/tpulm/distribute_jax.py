@@ -187,9 +187,13 @@ class MeshStrategy:
         """Variables created inside get the distribution's layouts."""
         return contextlib.nullcontext() if self.distribution is None else self.distribution.scope()
 
-    def use_xla(self) -> bool:
-        """Always: on JAX every step is compiled."""
-        return True
+    def use_xla(self, mode: str = "auto") -> bool:
+        """XLA unless ``--jit-compile false`` (eager JAX: for debugging only, very slow).
+
+        On JAX, XLA is the only compiler: unlike TensorFlow's CPU graph mode there is nothing
+        faster to fall back to on CPUs, so ``auto`` compiles everywhere.
+        """
+        return mode != "false"
 
     def needs_input_pipelines(self) -> bool:
         """True with several processes: each reads its own files."""

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpulm import backends, config, rundir, storage
-from tpulm.distribute import PRECISIONS
+from tpulm.distribute import JIT_MODES, PRECISIONS
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,10 @@ class TrainConfig:
     tpu: str | None = setting(None, "TPU: 'local' on a TPU VM, or the TPU's name")
     tpu_zone: str | None = setting(None, "GCP zone of the TPU")
     gcp_project: str | None = setting(None, "GCP project of the TPU")
-    jit_compile: bool = setting(True, "compile the train step with XLA where it works")
+    jit_compile: str = setting(
+        "auto", "XLA: auto (on for GPU/TPU, off on CPU where oneDNN is faster), true, false",
+        choices=JIT_MODES,
+    )
     steps_per_execution: int = setting(0, "steps per compiled call (0: automatic)")
     deterministic: bool = setting(False, "enable TensorFlow op determinism (slower)")
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate (default: measured matmul)")
@@ -81,6 +84,8 @@ class TrainConfig:
             raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
         if self.backend is not None and self.backend not in backends.BACKENDS:
             raise TpulmError(f"backend must be one of {', '.join(backends.BACKENDS)}, got {self.backend!r}")
+        if self.jit_compile not in JIT_MODES:
+            raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}, got {self.jit_compile!r}")
         if self.precision not in PRECISIONS:
             raise TpulmError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
 

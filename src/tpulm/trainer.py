@@ -37,6 +37,7 @@ class Trainer:
         import tensorflow as tf
 
         self.cfg = cfg
+        distribute.configure_cpu_threads()  # first: before any TensorFlow op runs
         if cfg.deterministic:
             tf.config.experimental.enable_op_determinism()
         distribute.set_precision(cfg.precision)
@@ -121,7 +122,7 @@ class Trainer:
         return model, optimizer, lr, state
 
     def _compile(self, model, optimizer, calls) -> None:
-        jit = self.cfg.jit_compile and distribute.use_xla(self.strategy)
+        jit = distribute.use_xla(self.strategy, self.cfg.jit_compile)
         spe = steps_per_execution(self.cfg, calls, self.total_steps, self.accumulation)
         with self.strategy.scope():
             model.compile(
