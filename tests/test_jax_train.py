@@ -21,10 +21,11 @@ from jax_support import DEVICES, SRC, corpus, finish_jax, free_port, run_jax, st
 from tpulm import rundir, weights
 from tpulm.model import ModelConfig, build_model
 
-# fp32 on CPU: other device counts change only the order of reductions. After 4 AdamW steps
-# (lr 1e-3) the weights of the three runs differ by at most ~1.2e-7 (measured); bounds leave ~10x.
-MESH_LOSS_RTOL = 1e-6
-MESH_WEIGHT_ATOL = 1e-6
+# fp32 on CPU: other device counts and process counts change only the order of reductions.
+# After 4 AdamW steps (lr 1e-3) the weights differ by at most 3.5e-7 (measured over several runs,
+# usually ~1e-7); bounds leave >5x.
+MESH_LOSS_RTOL = 2e-6
+MESH_WEIGHT_ATOL = 2e-6
 # Across backends the kernels differ (oneDNN/Eigen vs XLA CPU): a run resumed on the other
 # backend ends within ~1.3e-7 of the uninterrupted one (measured, weights and AdamW moments).
 RESUME_LOSS_RTOL = 1e-6
