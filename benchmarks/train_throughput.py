@@ -1,4 +1,4 @@
-"""Training throughput: tpulm (Keras 3 + TF/XLA) vs Transformers' PyTorch RobertaForMaskedLM.
+"""Training throughput: tpulm (Keras 3 + TF) vs Transformers' PyTorch RobertaForMaskedLM.
 
 One run, side by side, on the same machine state: 4 layers, hidden 256, 4 heads, FFN 1024, vocab
 8192 (a Unigram tokenizer trained on WikiText-2), sequences of 128, batch 32, AdamW, 15% masking.
@@ -6,7 +6,9 @@ PyTorch trains on exactly the batches tpulm's pipeline produces (same masks), wi
 masked positions only, as ``DataCollatorForLanguageModeling`` gives them. Prints tokens/s of both,
 their ratio, and MFU against a large fp32 matmul measured in the same run (tpulm counts its LM head
 on the gathered masked slots, PyTorch on all positions, as each computes it). Then ``base`` for a
-few steps: tokens/s and peak memory (in a subprocess of its own).
+few steps: tokens/s and peak memory (in a subprocess of its own). With ``--bf16`` both also run in
+bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``). tpulm runs with its defaults
+(on CPU: TensorFlow graph mode with oneDNN, one inter-op thread; see ``tpulm.distribute``).
 
     PYTHONPATH=src python benchmarks/train_throughput.py [--steps 20] [--skip-base]
 """
@@ -90,8 +92,10 @@ def torch_batches(data: dict, n: int) -> list[dict]:
     return out
 
 
-def torch_run(data: dict, steps: int, warmup: int, pad_id: int) -> dict:
+def torch_run(data: dict, steps: int, warmup: int, pad_id: int, bf16: bool = False) -> dict:
     """Transformers' RobertaForMaskedLM with torch.optim.AdamW on the same batches."""
+    import contextlib
+
     import torch
     from transformers import RobertaConfig, RobertaForMaskedLM
 
@@ -109,7 +113,9 @@ def torch_run(data: dict, steps: int, warmup: int, pad_id: int) -> dict:
     for i, batch in enumerate(batches):
         if i == warmup:
             start = time.perf_counter()
-        loss = model(**batch).loss
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with autocast:
+            loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -158,6 +164,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
+    from tpulm import distribute
+
+    distribute.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
     if args.base_only:
         return base_only(args)
     import torch
@@ -175,6 +184,7 @@ def main() -> None:
         ours = tpulm_run(data, root / "run", args.steps, args.warmup)
         theirs = torch_run(data, args.steps, args.warmup, pad_id)
         bf16 = tpulm_run(data, root / "bf16", args.steps, args.warmup, "mixed_bfloat16") if args.bf16 else None
+        torch_bf16 = torch_run(data, args.steps, args.warmup, pad_id, bf16=True) if args.bf16 else None
         tf_peak = max(tf_peak, metrics.matmul_flops())  # the better of before/after the runs
         cfg = ours["model_cfg"]
         from tpulm.masking import max_predictions
@@ -184,15 +194,19 @@ def main() -> None:
         print(f"\nCPU threads {threads}; fp32 2048^3 matmul: TF {tf_peak / 1e9:.1f} GFLOP/s, "
               f"PyTorch {torch_peak / 1e9:.1f} GFLOP/s")
         print(f"config: 4 layers, hidden 256, 4 heads, FFN 1024, vocab {VOCAB}, seq {SEQ}, batch {BATCH}")
-        rows = [("tpulm (TF/XLA, fp32)", ours, ours_flops), ("PyTorch RobertaForMaskedLM", theirs, torch_flops)]
+        rows = [("tpulm (fp32)", ours, ours_flops), ("PyTorch RobertaForMaskedLM", theirs, torch_flops)]
         if bf16:
-            rows.insert(1, ("tpulm (mixed_bfloat16)", bf16, ours_flops))
+            rows += [("tpulm (mixed_bfloat16)", bf16, ours_flops),
+                     ("PyTorch (autocast bfloat16)", torch_bf16, torch_flops)]
         peak = max(tf_peak, torch_peak)
         for name, r, flops in rows:
             print(f"{name:28s} {r['tokens_per_second']:9,.0f} tokens/s   MFU {100 * r['tokens_per_second'] * flops / peak:5.1f}%"
                   f"   loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
-        print(f"ratio tpulm / PyTorch: {ours['tokens_per_second'] / theirs['tokens_per_second']:.2f}x "
+        print(f"ratio tpulm / PyTorch (fp32): {ours['tokens_per_second'] / theirs['tokens_per_second']:.2f}x "
               f"(target >= 2x)")
+        if bf16:
+            print(f"ratio tpulm / PyTorch (bfloat16): "
+                  f"{bf16['tokens_per_second'] / torch_bf16['tokens_per_second']:.2f}x")
         if not args.skip_base:
             proc = subprocess.run([sys.executable, __file__, "--base-only", "--data", str(root),
                                    "--base-steps", str(args.base_steps), "--base-batch", str(args.base_batch)],

@@ -20,7 +20,7 @@ from tpulm.cli import main  # noqa: E402
 from tpulm.errors import TpulmError  # noqa: E402
 from tpulm.model import build_model, load_model_preset  # noqa: E402
 from test_model_support import (  # noqa: E402
-    PAD_ID, hf_model, make_run_dir, packed_batch, padded_batch, sentences, torch_logits,
+    hf_model, make_run_dir, packed_batch, padded_batch, sentences, torch_logits,
     train_reference_tokenizer, wikitext_lines)
 
 TOL = 1e-4

@@ -120,6 +120,7 @@ def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
     for keras_path, hf_key, transpose in rows:
         value = np.asarray(short[keras_path], dtype=np.float32)
         state[hf_key] = np.ascontiguousarray(value.T if transpose else value)
+    check_state_dict(state, cfg, where)  # shapes against the config
     return state
 
 
@@ -472,8 +473,8 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
     state = keras_to_hf(weights.read(weights_path), model_cfg, weights_path)
     hf_cfg = hf_config(model_cfg, special_tokens(tok_dir))
-    card = model_card(run_dir, step, model_cfg, state, repo_id or os.path.basename(
-        out_dir.rstrip("/")))
+    card = model_card(run_dir, step, model_cfg, state, os.path.basename(out_dir.rstrip("/")),
+                      repo_id)
     with _atomic_folder(out_dir, overwrite) as tmp:
         _save_safetensors(tmp, WEIGHTS_FILE, state)
         storage.write_text(storage.join(tmp, CONFIG_FILE), _dumps(hf_cfg))
@@ -506,7 +507,7 @@ def _evaluation_text(record: dict | None) -> str:
 
 
 def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str, np.ndarray],
-               name: str) -> str:
+               folder_name: str, repo_id: str | None = None) -> str:
     """The ``README.md`` model card of an export (data, tokenizer, steps, metrics, usage).
 
     Args:
@@ -514,7 +515,8 @@ def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str,
         step: the exported checkpoint's step.
         model_cfg: its model config.
         state: the exported tensors (for the parameter count).
-        name: the model's name (Hub repo id or folder name).
+        folder_name: the export folder's name.
+        repo_id: the Hub repo id, when the export is uploaded.
     """
     from importlib import resources
 
@@ -523,10 +525,10 @@ def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str,
     tok = load_tokenizer(tok_dir)
     tokens = [tok.id_to_token(i) for i in special.ids]
     train, evaluation = _metrics_at(run_dir, step)
-    settings = config.load_toml(storage.join(run_dir, rundir.CONFIG_NAME))
+    settings = storage.read_text(storage.join(run_dir, rundir.CONFIG_NAME))
     template = (resources.files("tpulm") / "templates" / "model_card.md").read_text("utf-8")
     return string.Template(template).substitute(
-        name=name, num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
+        name=repo_id or folder_name, num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
         num_heads=model_cfg.num_heads, intermediate_size=model_cfg.intermediate_size,
         max_positions=model_cfg.max_positions, vocab_size=model_cfg.vocab_size,
         parameters=f"{sum(v.size for v in state.values()):,}",
@@ -534,9 +536,9 @@ def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str,
         tokenizer_vocab=tok.get_vocab_size(), special_tokens=", ".join(f"`{t}`" for t in tokens),
         pad_id=special.pad_id, fingerprint=fingerprint(tok_dir), step=step,
         tokens=f"{train['tokens']:,}" if train and "tokens" in train else "not recorded",
-        training_config=config.to_toml(settings).strip(),
-        evaluation=_evaluation_text(evaluation), model_ref=name,
-        model_ref_cli=name, mask_token=tokens[-1])
+        training_config=settings.strip(), evaluation=_evaluation_text(evaluation),
+        model_ref=repo_id or f"path/to/{folder_name}", folder_name=folder_name,
+        mask_token=tokens[-1])
 
 
 def hub_files(folder: str) -> list[str]:

@@ -122,7 +122,7 @@ def training_dataset(
         masker: the masking to apply.
         seed: fixes file order, sample order and masks.
         start_batch: batches of this pipeline already consumed (resume position).
-        shuffle_buffer: records in the sample shuffle buffer.
+        shuffle_buffer: records per window of the sample shuffle.
         input_context: set by ``tf.distribute`` for per-worker file sharding.
     """
     files, records, batch = _shard_for_pipeline(shard_set, batch_size, input_context)
@@ -134,7 +134,15 @@ def training_dataset(
         )
     pipeline = 0 if input_context is None else input_context.input_pipeline_id
     first_epoch, skip = divmod(start_batch, per_epoch)
-    parse_and_mask = _parse_and_mask(shard_set.max_length, masker)
+    epoch = _epoch_fn(files, batch, shard_set.max_length, masker, seed, pipeline,
+                      shuffle_buffer, first_epoch, skip)
+    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
+    return ds.prefetch(AUTOTUNE)
+
+
+def _epoch_fn(files, batch, max_length, masker, seed, pipeline, shuffle_buffer, first_epoch, skip):
+    """epoch (int64 tensor) -> that epoch's masked batches; ``skip`` batches off ``first_epoch``."""
+    parse_and_mask = _parse_and_mask(max_length, masker)
     files_t = tf.constant(files)
 
     def epoch(e):
@@ -163,8 +171,7 @@ def training_dataset(
             deterministic=True,
         )
 
-    ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
-    return ds.prefetch(AUTOTUNE)
+    return epoch
 
 
 def eval_dataset(

@@ -1,13 +1,23 @@
-"""Train, save and load tokenizers (Hugging Face ``tokenizers``), and fingerprint them."""
+"""Train, save and load tokenizers (Hugging Face ``tokenizers``), and fingerprint them.
+
+``run(TokenizerConfig(...))`` streams a corpus (see :mod:`tpulm.corpus`), trains one of the
+registered models (``MODELS``: the reference Unigram recipe, byte-level BPE, WordPiece) and saves a
+folder that ``transformers.AutoTokenizer.from_pretrained`` loads: ``tokenizer.json``,
+``tokenizer_config.json`` and ``special_tokens_map.json``. transformers itself is not needed to
+write it. Later stages identify a tokenizer by :func:`fingerprint` (SHA-256 of ``tokenizer.json``).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import time
+from collections.abc import Callable, Iterator
 
-from tpulm import storage
+from tpulm import config, corpus, storage
 from tpulm.errors import TpulmError
+
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -30,6 +40,305 @@ class SpecialTokens:
         return (self.cls_id, self.sep_id, self.unk_id, self.pad_id, self.mask_id)
 
 
+# ---------------------------------------------------------------------------------------------
+# Model recipes (a registry: name -> special tokens in id order + a function building the
+# untrained tokenizer and its trainer).
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How to build one kind of tokenizer.
+
+    Args:
+        tokens: special tokens, in the id order they get (ids 0..4).
+        roles: role (``cls_token`` ...) -> token, for ``tokenizer_config.json``.
+        build: ``(vocab_size, tokens, unk) -> (tokenizers.Tokenizer, trainer)``.
+        pair_template: the post-processor's template for sentence pairs.
+    """
+
+    tokens: tuple[str, ...]
+    roles: dict[str, str]
+    build: Callable
+    pair_template: str
+
+
+def _build_unigram(vocab_size: int, tokens: tuple[str, ...], unk: str):
+    """The reference recipe: Unigram, ``` `` ``` and ``''`` -> ``"``, Metaspace."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
+    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=list(tokens), unk_token=unk
+    )
+    return tokenizer, trainer
+
+
+def _build_bpe(vocab_size: int, tokens: tuple[str, ...], unk: str):
+    """Byte-level BPE as RoBERTa/GPT-2 use it: every byte is in the vocabulary, no ``<unk>``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    return tokenizer, trainer
+
+
+def _build_wordpiece(vocab_size: int, tokens: tuple[str, ...], unk: str):
+    """Cased BERT-style WordPiece."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(tokens))
+    return tokenizer, trainer
+
+
+def _roles(cls: str, sep: str, unk: str, pad: str, mask: str) -> dict[str, str]:
+    return dict(zip(SPECIAL_ROLES, (cls, sep, unk, pad, mask)))
+
+
+MODELS: dict[str, Recipe] = {
+    "unigram": Recipe(
+        tokens=("[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"),
+        roles=_roles("[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"),
+        build=_build_unigram,
+        pair_template="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+    ),
+    "bpe": Recipe(
+        tokens=("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+        roles=_roles("<s>", "</s>", "<unk>", "<pad>", "<mask>"),
+        build=_build_bpe,
+        pair_template="<s>:0 $A:0 </s>:0 </s>:1 $B:1 </s>:1",
+    ),
+    "wordpiece": Recipe(
+        tokens=("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
+        roles=_roles("[CLS]", "[SEP]", "[UNK]", "[PAD]", "[MASK]"),
+        build=_build_wordpiece,
+        pair_template="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+    ),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and result
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerConfig:
+    """Settings of ``tpulm tokenizer train`` (TOML table ``[tokenizer]``)."""
+
+    inputs: tuple[str, ...] = config.setting(
+        (), "text files or globs: .txt (a sample per line), .jsonl, .parquet"
+    )
+    dataset: str | None = config.setting(None, "🤗 datasets name to stream instead of files")
+    dataset_config: str | None = config.setting(None, "🤗 dataset config, e.g. wikitext-2-raw-v1")
+    dataset_split: str = config.setting("train", "🤗 dataset split to train on")
+    text_field: str = config.setting("text", "field holding the text in .jsonl/.parquet/datasets")
+    encoding_errors: str = config.setting(
+        "strict", "invalid UTF-8: strict (error) or replace", choices=corpus.ENCODING_ERRORS
+    )
+    keep_empty: bool = config.setting(False, "train on empty lines too (reference behaviour)")
+    output: str = config.setting("tokenizer", "folder to write the tokenizer to (local or gs://)")
+    overwrite: bool = config.setting(False, "replace a tokenizer already in the output folder")
+    model: str = config.setting("unigram", "tokenizer model", choices=tuple(MODELS))
+    vocab_size: int = config.setting(10_000, "target vocabulary size, special tokens included")
+    model_max_length: int = config.setting(512, "model_max_length in tokenizer_config.json")
+    batch_size: int = config.setting(1000, "samples per batch streamed to the trainer")
+    unk_rate_samples: int = config.setting(
+        100_000, "samples re-encoded to measure the <unk> rate (0: the whole corpus)"
+    )
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise TpulmError(f"unknown tokenizer model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.vocab_size < len(MODELS[self.model].tokens) + 1:
+            raise TpulmError(f"vocab_size {self.vocab_size} is too small; use 10000-50000")
+        if self.batch_size < 1 or self.unk_rate_samples < 0:
+            raise TpulmError("batch_size must be >= 1 and unk_rate_samples >= 0")
+
+    def source(self) -> corpus.Source:
+        """The corpus this config names."""
+        if not self.inputs and not self.dataset:
+            raise TpulmError("no corpus given: pass input files (--inputs) or --dataset")
+        return corpus.Source(
+            files=self.inputs,
+            dataset=self.dataset,
+            dataset_config=self.dataset_config,
+            split=self.dataset_split,
+            text_field=self.text_field,
+            encoding_errors=self.encoding_errors,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenizerResult:
+    """What ``run`` made: where, how big, how long it took, and the ``<unk>`` rate."""
+
+    path: str
+    vocab_size: int
+    seconds: float
+    unk_rate: float  # share of non-special tokens that are <unk>, over the measured samples
+    unk_rate_samples: int  # samples the <unk> rate was measured on
+    samples: int  # samples trained on
+    fingerprint: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+class _CountingBatches:
+    """Wraps a batch iterator: counts samples, and keeps an exception raised while the Rust
+    trainer pulls batches, so it is re-raised as itself rather than as a trainer error."""
+
+    def __init__(self, batches: Iterator[list[str]]):
+        self.batches = batches
+        self.samples = 0
+        self.error: BaseException | None = None
+
+    def __iter__(self) -> Iterator[list[str]]:
+        try:
+            for batch in self.batches:
+                self.samples += len(batch)
+                yield batch
+        except BaseException as err:  # noqa: BLE001 - re-raised by train()
+            self.error = err
+
+
+def train(cfg: TokenizerConfig):
+    """Train the tokenizer ``cfg`` describes; returns (``tokenizers.Tokenizer``, samples seen)."""
+    from tokenizers import processors
+
+    recipe = MODELS[cfg.model]
+    unk = recipe.roles["unk_token"]
+    tokenizer, trainer = recipe.build(cfg.vocab_size, recipe.tokens, unk)
+    batches = _CountingBatches(
+        corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty)
+    )
+    tokenizer.train_from_iterator(iter(batches), trainer=trainer)
+    if batches.error is not None:
+        raise batches.error
+    if batches.samples == 0:
+        raise TpulmError("the corpus has no (non-empty) samples; check the input files")
+    cls, sep = recipe.roles["cls_token"], recipe.roles["sep_token"]
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0",
+        pair=recipe.pair_template,
+        special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))],
+    )
+    return tokenizer, batches.samples
+
+
+def unk_rate(tokenizer, cfg: TokenizerConfig) -> tuple[float, int]:
+    """Share of non-special tokens that are ``<unk>`` over the first ``unk_rate_samples`` samples
+    (all when 0), and how many samples that was."""
+    unk_id = tokenizer.token_to_id(MODELS[cfg.model].roles["unk_token"])
+    limit = cfg.unk_rate_samples or None
+    unknown = total = samples = 0
+    for batch in corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty):
+        batch = batch[: limit - samples] if limit else batch
+        for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+            unknown += encoding.ids.count(unk_id)
+            total += len(encoding.ids)
+        samples += len(batch)
+        if limit and samples >= limit:
+            break
+    return (unknown / total if total else 0.0), samples
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving (a folder transformers loads) and loading
+
+
+def hf_files(tokenizer, roles: dict[str, str], model_max_length: int) -> dict[str, str]:
+    """The three files of a tokenizer folder, as text, keyed by file name."""
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": model_max_length,
+        "clean_up_tokenization_spaces": False,
+        **roles,
+    }
+    return {
+        TOKENIZER_FILE: tokenizer.to_str(),
+        TOKENIZER_CONFIG_FILE: json.dumps(tokenizer_config, indent=2, sort_keys=True) + "\n",
+        SPECIAL_TOKENS_MAP_FILE: json.dumps(roles, indent=2, sort_keys=True) + "\n",
+    }
+
+
+def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, overwrite: bool) -> None:
+    """Write the tokenizer folder atomically.
+
+    Locally the files go into a temporary folder renamed to ``output`` at the end (an existing
+    one is swapped out only once the new one is complete). On object stores, where folders cannot
+    be renamed, each file is written atomically and ``tokenizer.json``, the file readers look for,
+    comes last.
+    """
+    files = hf_files(tokenizer, roles, model_max_length)
+    if storage.exists(storage.join(output, TOKENIZER_FILE)) and not overwrite:
+        raise TpulmError(
+            f"{output} already holds a tokenizer; choose another --output or pass --overwrite"
+        )
+    if storage.is_remote(output):
+        storage.makedirs(output)
+        for name in sorted(files, key=lambda n: n == TOKENIZER_FILE):
+            storage.write_text(storage.join(output, name), files[name])
+        return
+    output = output.rstrip("/")
+    tmp = storage.temporary_name(output)
+    try:
+        storage.makedirs(tmp)
+        for name, text in files.items():
+            with storage.open_file(storage.join(tmp, name), "w") as f:
+                f.write(text)
+        if storage.exists(output):  # --overwrite: swap the old folder out only now
+            old = storage.temporary_name(output)
+            storage.rename(output, old)
+            storage.rename(tmp, output)
+            storage.rmtree(old)
+        else:
+            storage.rename(tmp, output)
+    finally:
+        if storage.exists(tmp):
+            storage.rmtree(tmp)
+
+
+def run(cfg: TokenizerConfig) -> TokenizerResult:
+    """Train a tokenizer on the corpus ``cfg`` names and save it to ``cfg.output``.
+
+    Args:
+        cfg: the resolved settings.
+
+    Returns:
+        A :class:`TokenizerResult` (path, vocab size, seconds, ``<unk>`` rate, fingerprint).
+    """
+    start = time.perf_counter()
+    tokenizer, samples = train(cfg)
+    seconds = time.perf_counter() - start
+    rate, measured = unk_rate(tokenizer, cfg)
+    save(tokenizer, cfg.output, MODELS[cfg.model].roles, cfg.model_max_length, cfg.overwrite)
+    return TokenizerResult(
+        path=cfg.output,
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        seconds=seconds,
+        unk_rate=rate,
+        unk_rate_samples=measured,
+        samples=samples,
+        fingerprint=fingerprint(cfg.output),
+    )
+
+
 def load_tokenizer(tokenizer_dir: str):
     """The ``tokenizers.Tokenizer`` saved in ``tokenizer_dir`` (local or remote)."""
     from tokenizers import Tokenizer
@@ -39,7 +348,10 @@ def load_tokenizer(tokenizer_dir: str):
         raise TpulmError(
             f"no {TOKENIZER_FILE} in {tokenizer_dir}; train one with `tpulm tokenizer train`"
         )
-    return Tokenizer.from_str(storage.read_text(path))
+    try:
+        return Tokenizer.from_str(storage.read_text(path))
+    except Exception as err:  # tokenizers raises a bare Exception for malformed JSON
+        raise TpulmError(f"{path} is not a valid tokenizer file: {err}") from None
 
 
 def fingerprint(tokenizer_dir: str) -> str:
@@ -52,11 +364,14 @@ def special_tokens(tokenizer_dir: str) -> SpecialTokens:
     config_path = storage.join(tokenizer_dir, TOKENIZER_CONFIG_FILE)
     if not storage.exists(config_path):
         raise TpulmError(f"no {TOKENIZER_CONFIG_FILE} in {tokenizer_dir}; is it a tokenizer folder?")
-    config = json.loads(storage.read_text(config_path))
+    try:
+        tokenizer_config = json.loads(storage.read_text(config_path))
+    except ValueError as err:
+        raise TpulmError(f"{config_path} is not valid JSON: {err}") from None
     tokenizer = load_tokenizer(tokenizer_dir)
     ids = {}
     for role in SPECIAL_ROLES:
-        token = config.get(role)
+        token = tokenizer_config.get(role)
         if isinstance(token, dict):  # AddedToken serialisation
             token = token.get("content")
         token_id = tokenizer.token_to_id(token) if token else None

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import backends, config, rundir, storage
+from tpulm import backends, config
 from tpulm.distribute import JIT_MODES, PRECISIONS
 from tpulm.errors import TpulmError
 
@@ -46,7 +46,7 @@ class TrainConfig:
     mask_token_rate: float = setting(0.8, "share of selected tokens replaced by [MASK]")
     random_token_rate: float = setting(0.1, "share of selected tokens replaced by a random token")
     seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
-    shuffle_buffer: int = setting(10_000, "records in the sample shuffle buffer")
+    shuffle_buffer: int = setting(10_000, "records per window of the sample shuffle")
     log_every: int = setting(100, "steps between train lines in metrics.jsonl")
     eval_every: int = setting(1000, "steps between evaluations (and one at the end)")
     checkpoint_every: int = setting(1000, "steps between checkpoints (and one at the end)")
@@ -193,9 +193,3 @@ def steps_per_execution(cfg: TrainConfig, calls, total: int, accumulation: int) 
             )
         return cfg.steps_per_execution
     return max(d for d in range(1, min(g, 32) + 1) if g % d == 0) if g else 1
-
-
-def default_run_dir_config(run_dir: str) -> dict[str, Any]:
-    """The tables of ``run_dir/config.toml``, or {} if there is none."""
-    path = storage.join(run_dir, rundir.CONFIG_NAME)
-    return config.load_toml(path) if storage.exists(path) else {}
