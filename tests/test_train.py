@@ -138,3 +138,24 @@ def test_fit_calls_align_segments_on_step_zero():
     assert steps_per_execution(cfg, fit_calls(0, 3000, 100), 3000, 1) == 25
     with pytest.raises(TpulmError, match="batch_size must be at least 1"):
         TrainConfig(batch_size=0)
+
+
+def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
+    """Shards with a manifest (tpulm data prepare): fingerprint checked, counts from the manifest."""
+    from tpulm import prepare
+
+    text = tmp_path / "train.txt"
+    text.write_text("\n".join(wikitext_lines(wikitext_dir, "valid", 150)), encoding="utf-8")
+    valid = tmp_path / "valid.txt"
+    valid.write_text("\n".join(wikitext_lines(wikitext_dir, "test", 40)), encoding="utf-8")
+    prepare.run(prepare.PrepareConfig(
+        tokenizer=str(corpus["tokenizer"]), output=str(tmp_path / "data"), train_files=(str(text),),
+        validation_files=(str(valid),), max_length=32, shard_size=40, progress=False,
+    ))
+    manifest = shards.read_manifest(str(tmp_path / "data/train"))
+    assert manifest is not None and manifest.max_length == 32
+    result = run(TrainConfig(run_dir=str(tmp_path / "run"), train_data=str(tmp_path / "data/train"),
+                             eval_data=str(tmp_path / "data/validation"),
+                             tokenizer=str(corpus["tokenizer"]), epochs=1, **QUICK))
+    assert result.step == manifest.records // 8  # one epoch of full batches
+    assert result.eval is not None and math.isfinite(result.eval["loss"])
