@@ -3,7 +3,8 @@
 Strategies are found through a registry of (name, applies, build) entries tried in order: a TPU
 when ``--tpu`` is given, ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names a cluster,
 ``MirroredStrategy`` over several GPUs, else the default single device (CPU or one GPU; nothing
-is hard-coded). The JAX backend will add its own entry (a device mesh) here.
+is hard-coded). On Keras' JAX backend the ``jax_mesh`` entry applies instead: a device mesh
+(``tpulm.distribute_jax``).
 """
 
 from __future__ import annotations
@@ -29,11 +30,15 @@ class Placement:
         tpu: ``local`` for a TPU VM, a TPU name, or None.
         tpu_zone: GCP zone of a named TPU.
         gcp_project: GCP project of a named TPU.
+        mesh: ``data=D,model=M`` device mesh (JAX backend only), or None for data parallelism.
+        model: the ``tpulm.model.ModelConfig`` (sizes the JAX mesh's layout map).
     """
 
     tpu: str | None = None
     tpu_zone: str | None = None
     gcp_project: str | None = None
+    mesh: str | None = None
+    model: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +82,22 @@ def _single(_: Placement):
     return tf.distribute.get_strategy()  # the default strategy: one device, CPU or GPU
 
 
+def _on_jax(placement: Placement) -> bool:
+    import keras
+
+    if keras.backend.backend() == "jax":
+        return True
+    if placement.mesh is not None:
+        raise TpulmError("--mesh needs the JAX backend: add --backend jax (or drop --mesh)")
+    return False
+
+
+def _jax_mesh(placement: Placement):
+    from tpulm import distribute_jax
+
+    return distribute_jax.build(placement)
+
+
 def _has_cluster(_: Placement) -> bool:
     spec = os.environ.get("TF_CONFIG")
     if not spec:
@@ -95,6 +116,7 @@ def _several_gpus(_: Placement) -> bool:
 
 
 STRATEGIES: list[_Entry] = [
+    _Entry("jax_mesh", _on_jax, _jax_mesh),
     _Entry("tpu", lambda p: p.tpu is not None, _tpu),
     _Entry("multi_worker_mirrored", _has_cluster, _multi_worker),
     _Entry("mirrored", _several_gpus, _mirrored),
@@ -135,6 +157,8 @@ def use_xla(strategy, mode: str = "auto") -> bool:
 
     if mode not in JIT_MODES:
         raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}, got {mode!r}")
+    if hasattr(strategy, "use_xla"):  # a JAX mesh
+        return strategy.use_xla(mode)
     if mode == "false":
         return False
     on_cpu = not tf.config.list_logical_devices("GPU") and not isinstance(strategy, tf.distribute.TPUStrategy)
@@ -179,11 +203,22 @@ def needs_input_pipelines(strategy) -> bool:
     """True when each worker/host must read its own share of files (several input pipelines)."""
     import tensorflow as tf
 
+    if hasattr(strategy, "needs_input_pipelines"):  # a JAX mesh: one pipeline per process
+        return strategy.needs_input_pipelines()
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return True
     if isinstance(strategy, tf.distribute.TPUStrategy):
         return strategy.extended.num_hosts > 1
     return False
+
+
+def peak_flops(strategy) -> float:
+    """Peak FLOP/s for MFU: a matmul measured on the strategy's devices, all of them together."""
+    if hasattr(strategy, "peak_flops"):  # a JAX mesh measures its own devices
+        return strategy.peak_flops()
+    from tpulm import metrics
+
+    return metrics.matmul_flops() * strategy.num_replicas_in_sync
 
 
 def densify(values: list) -> list:

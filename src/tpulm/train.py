@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import config
+from tpulm import backends, config
 from tpulm.distribute import JIT_MODES, PRECISIONS
 from tpulm.errors import TpulmError
 
@@ -52,6 +52,11 @@ class TrainConfig:
     checkpoint_every: int = setting(1000, "steps between checkpoints (and one at the end)")
     keep_checkpoints: int = setting(3, "checkpoints kept (older ones are deleted)")
     precision: str = setting("fp32", "fp32, mixed_bfloat16 or mixed_float16", choices=PRECISIONS)
+    backend: str | None = setting(
+        None, "Keras backend, tensorflow or jax (default: KERAS_BACKEND, else tensorflow)",
+        choices=backends.BACKENDS)
+    mesh: str | None = setting(
+        None, "JAX device mesh data=D,model=M: weights sharded over model (default: data parallel)")
     tpu: str | None = setting(None, "TPU: 'local' on a TPU VM, or the TPU's name")
     tpu_zone: str | None = setting(None, "GCP zone of the TPU")
     gcp_project: str | None = setting(None, "GCP project of the TPU")
@@ -77,6 +82,8 @@ class TrainConfig:
             raise TpulmError("learning_rate must be positive; warmup, clip_norm, weight_decay >= 0")
         if self.steps_per_execution < 0:
             raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
+        if self.backend is not None and self.backend not in backends.BACKENDS:
+            raise TpulmError(f"backend must be one of {', '.join(backends.BACKENDS)}, got {self.backend!r}")
         if self.jit_compile not in JIT_MODES:
             raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}, got {self.jit_compile!r}")
         if self.precision not in PRECISIONS:
@@ -123,7 +130,11 @@ def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult
 
     Returns:
         What was done; see ``TrainResult``.
+
+    Raises:
+        backends.BackendMismatch: Keras was imported with another backend than ``cfg.backend``.
     """
+    backends.activate(cfg.backend)  # before tpulm.trainer imports Keras
     from tpulm import trainer
 
     return trainer.Trainer(cfg, dict(model or {})).fit()

@@ -57,7 +57,8 @@ class Trainer:
             mask_token_rate=cfg.mask_token_rate,
             random_token_rate=cfg.random_token_rate,
         )
-        placement = distribute.Placement(cfg.tpu, cfg.tpu_zone, cfg.gcp_project)
+        placement = distribute.Placement(
+            cfg.tpu, cfg.tpu_zone, cfg.gcp_project, mesh=cfg.mesh, model=self.model_cfg)
         self.strategy, self.strategy_name = distribute.make_strategy(placement)
         self.global_batch = cfg.batch_size * self.strategy.num_replicas_in_sync
         self.accumulation = cfg.gradient_accumulation
@@ -273,7 +274,7 @@ class Trainer:
         )
         achieved = tps / self.train_set.max_length * seq_flops
         peak = (self.cfg.peak_tflops * 1e12 if self.cfg.peak_tflops
-                else metrics.matmul_flops() * self.strategy.num_replicas_in_sync)
+                else distribute.peak_flops(self.strategy))
         latest = rundir.latest_checkpoint(self.cfg.run_dir)
         result = TrainResult(
             run_dir=self.cfg.run_dir, step=self.total_steps, steps_this_session=steps,

@@ -28,9 +28,13 @@ def register(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tpulm import train
+    from tpulm import backends, train
 
     cfg, model_table = train.table_from_args(args)
+    try:
+        backends.activate(cfg.backend)  # before anything imports Keras or TensorFlow
+    except backends.BackendMismatch as err:
+        backends.reexec(err.wanted)  # Keras came in with another backend: start afresh
     result = train.run(cfg, model_table)
     lines = [
         f"run dir      {result.run_dir}",
