@@ -40,5 +40,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.dataset:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
     tables = config.apply_overrides(config.load_toml(path), assignments)
+    from tpulm import backends
+
+    try:  # before any stage imports TensorFlow (and so Keras)
+        backends.activate(tables.get("train", {}).get("backend"))
+    except backends.BackendMismatch as err:
+        backends.reexec(err.wanted)
     pipeline.run(tables, path)
     return 0
