@@ -68,6 +68,8 @@ class TrainConfig:
     deterministic: bool = setting(False, "enable TensorFlow op determinism (slower)")
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate (default: measured matmul)")
     progress: bool = setting(True, "show the Keras progress bar")
+    push_to_hub: str | None = setting(
+        None, "at the end, export to RUN_DIR/export and upload it to this Hub repo id (private)")
 
     def __post_init__(self) -> None:
         positive = ("batch_size", "gradient_accumulation", "log_every", "eval_every",
@@ -135,9 +137,14 @@ def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult
         backends.BackendMismatch: Keras was imported with another backend than ``cfg.backend``.
     """
     backends.activate(cfg.backend)  # before tpulm.trainer imports Keras
-    from tpulm import trainer
+    from tpulm import hf, trainer
 
-    return trainer.Trainer(cfg, dict(model or {})).fit()
+    if cfg.push_to_hub:  # offline or no token: say so before hours of training, not after
+        hf.check_hub_access(cfg.push_to_hub)
+    result = trainer.Trainer(cfg, dict(model or {})).fit()
+    if cfg.push_to_hub:
+        hf.export(hf.ExportConfig(run_dir=cfg.run_dir, overwrite=True, push_to_hub=cfg.push_to_hub))
+    return result
 
 
 def table_from_args(args) -> tuple[TrainConfig, dict[str, Any]]:
