@@ -72,11 +72,11 @@ def test_export_answers_like_tpulm_in_transformers(demo):
     ours = subprocess.run([sys.executable, "-m", "tpulm", "fill-mask", str(export), prompt, "--json"],
                           capture_output=True, text=True, timeout=300)
     assert ours.returncode == 0, ours.stderr
-    ours_tokens = [a["token"] for a in json.loads(ours.stdout)[0]]
+    answers = json.loads(ours.stdout.splitlines()[-1])  # one JSON line per text
     theirs = fill(prompt)
-    assert ours_tokens == [a["token"] for a in theirs]
-    np.testing.assert_allclose([a["score"] for a in json.loads(ours.stdout)[0]],
-                               [a["score"] for a in theirs], atol=1e-4)
+    assert [a["token"] for a in answers] == [a["token"] for a in theirs]
+    np.testing.assert_allclose([a["score"] for a in answers], [a["score"] for a in theirs],
+                               atol=1e-4)
 
 
 def test_rerun_skips_complete_stages_and_redoes_only_downstream_of_a_change(demo):

@@ -8,12 +8,10 @@ last partial block is padded, so padding is exercised too. No test functions her
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
-
-SPECIALS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
+from test_model_support import train_reference_tokenizer
 
 
 def wikitext_lines(wikitext_dir: Path, split: str = "valid", limit: int | None = None) -> list[str]:
@@ -27,37 +25,7 @@ def wikitext_lines(wikitext_dir: Path, split: str = "valid", limit: int | None =
 
 def make_tokenizer(out_dir: Path, lines: list[str], vocab_size: int = 1000) -> Path:
     """Train the reference recipe's Unigram tokenizer and save it as a tokenizer folder."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
-
-    tok = Tokenizer(models.Unigram())
-    tok.normalizer = normalizers.Sequence(
-        [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
-    )
-    tok.pre_tokenizer = pre_tokenizers.Metaspace()
-    tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIALS, unk_token="<unk>"
-    )
-    tok.train_from_iterator(lines, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", tok.token_to_id("[CLS]")), ("[SEP]", tok.token_to_id("[SEP]"))],
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    roles = {
-        "cls_token": "[CLS]",
-        "sep_token": "[SEP]",
-        "unk_token": "<unk>",
-        "pad_token": "<pad>",
-        "mask_token": "[MASK]",
-    }
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 512, **roles}
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "special_tokens_map.json").write_text(json.dumps(roles, indent=2))
-    return out_dir
+    return train_reference_tokenizer(lines, out_dir, vocab_size)
 
 
 def blocks(tokenizer_dir: Path, lines: list[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
