@@ -50,6 +50,9 @@ def test_unigram_is_the_reference_recipe(trained, wikitext_dir):
     ours = json.loads(storage.read_text(f"{cfg.output}/tokenizer.json"))
     ref = json.loads(reference_tokenizer(nonempty_lines(wikitext_dir / "valid.txt"), 6000).to_str())
     ours_model, ref_model = ours.pop("model"), ref.pop("model")
+    # One deliberate difference: [MASK] strips the space before it (lstrip, as roberta-base's
+    # <mask>), so "an [MASK] of" does not encode a lone "▁" before the mask.
+    ref["added_tokens"][4]["lstrip"] = True
     assert ours == ref  # normalizer, pre-tokenizer, decoder, post-processor, added tokens
     # The Unigram trainer's parallel EM is not bit-reproducible (the reference's own reruns differ
     # in the last digits of the scores), so pieces must match and scores agree closely.
@@ -178,3 +181,14 @@ def test_cli_config_file_and_flags(tmp_path, wikitext_dir, capsys):
     assert not (tmp_path / "from-toml").exists()
     assert cli.main(["tokenizer", "train", str(wikitext_dir / "nope.txt"), "--output", str(out)]) == 2
     assert "nope.txt matches no file" in capsys.readouterr().err
+
+
+def test_mask_token_takes_the_place_of_a_word(trained):
+    cfg, _ = trained
+    tok = tokenizer.load_tokenizer(cfg.output)
+    masked = tok.encode("Return an [MASK] of the class.").tokens
+    plain = tok.encode("Return an instance of the class.").tokens
+    at = masked.index("[MASK]") if "[MASK]" in masked else masked.index(" [MASK]")
+    assert masked[at - 1] == "▁an" and masked[at + 1] == "▁of"  # no lone "▁" before the mask
+    assert masked[:at] == plain[:at]  # the words around the mask encode as without it
+    assert masked[at + 1 :] == plain[len(plain) - len(masked) + at + 1 :]

@@ -60,9 +60,21 @@ class Recipe:
     roles: dict[str, str]
     build: Callable
     pair_template: str
+    # The mask token swallows the space before it, as roberta-base's <mask> does: with Metaspace
+    # or byte-level pre-tokenizers "an [MASK] of" would otherwise encode as "▁an ▁ [MASK] ▁of",
+    # and fill-mask would predict what follows a lone "▁" instead of a word.
+    mask_lstrip: bool = False
+
+    def special_tokens(self) -> list:
+        """The special tokens for the trainer, the mask token with its ``lstrip`` flag."""
+        from tokenizers import AddedToken
+
+        mask = self.roles["mask_token"]
+        return [AddedToken(t, lstrip=self.mask_lstrip and t == mask, special=True,
+                           normalized=False) for t in self.tokens]
 
 
-def _build_unigram(vocab_size: int, tokens: tuple[str, ...], unk: str):
+def _build_unigram(vocab_size: int, tokens: list, unk: str):
     """The reference recipe: Unigram, ``` `` ``` and ``''`` -> ``"``, Metaspace."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -78,7 +90,7 @@ def _build_unigram(vocab_size: int, tokens: tuple[str, ...], unk: str):
     return tokenizer, trainer
 
 
-def _build_bpe(vocab_size: int, tokens: tuple[str, ...], unk: str):
+def _build_bpe(vocab_size: int, tokens: list, unk: str):
     """Byte-level BPE as RoBERTa/GPT-2 use it: every byte is in the vocabulary, no ``<unk>``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -93,7 +105,7 @@ def _build_bpe(vocab_size: int, tokens: tuple[str, ...], unk: str):
     return tokenizer, trainer
 
 
-def _build_wordpiece(vocab_size: int, tokens: tuple[str, ...], unk: str):
+def _build_wordpiece(vocab_size: int, tokens: list, unk: str):
     """Cased BERT-style WordPiece."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -115,12 +127,14 @@ MODELS: dict[str, Recipe] = {
         roles=_roles("[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"),
         build=_build_unigram,
         pair_template="[CLS]:0 $A:0 [SEP]:0 $B:1 [SEP]:1",
+        mask_lstrip=True,
     ),
     "bpe": Recipe(
         tokens=("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
         roles=_roles("<s>", "</s>", "<unk>", "<pad>", "<mask>"),
         build=_build_bpe,
         pair_template="<s>:0 $A:0 </s>:0 </s>:1 $B:1 </s>:1",
+        mask_lstrip=True,
     ),
     "wordpiece": Recipe(
         tokens=("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"),
@@ -223,7 +237,7 @@ def train(cfg: TokenizerConfig):
 
     recipe = MODELS[cfg.model]
     unk = recipe.roles["unk_token"]
-    tokenizer, trainer = recipe.build(cfg.vocab_size, recipe.tokens, unk)
+    tokenizer, trainer = recipe.build(cfg.vocab_size, recipe.special_tokens(), unk)
     batches = _CountingBatches(
         corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty)
     )
