@@ -402,20 +402,9 @@ def _atomic_folder(out_dir: str, overwrite: bool) -> Iterator[str]:
             raise TpulmError(
                 f"{out_dir} already exists and is not empty; pass --overwrite or choose another "
                 "folder")
-    tmp = storage.temporary_name(out_dir)
-    storage.makedirs(tmp)
-    try:
+    with storage.atomic_path(out_dir) as tmp:
+        storage.makedirs(tmp)
         yield tmp
-    except BaseException:
-        storage.rmtree(tmp)
-        raise
-    old = None
-    if storage.exists(out_dir):  # move the old folder away first: rename cannot replace a folder
-        old = storage.temporary_name(out_dir)
-        storage.rename(out_dir, old)
-    storage.rename(tmp, out_dir)
-    if old:
-        storage.rmtree(old) if storage.isdir(old) else storage.remove(old)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpulm import config, storage
+from tpulm import config, rundir, storage
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class Layout:
 
     @property
     def export(self) -> str:
-        return storage.join(self.run, "export")
+        return storage.join(self.run, rundir.EXPORT_DIR)
 
 
 def split_inputs(run: RunConfig, layout: Layout) -> dict[str, Any]:

@@ -125,16 +125,32 @@ def is_temporary(name: str) -> bool:
     return TMP_MARKER in os.path.basename(name)
 
 
+def _remove_any(path: str) -> None:
+    rmtree(path) if isdir(path) else remove(path)
+
+
+def _replace(tmp: str, path: str) -> None:
+    """Rename ``tmp`` to ``path``, replacing what is there, a folder included."""
+    if isdir(tmp) and exists(path):  # rename cannot put a folder over a path: move it aside
+        old = temporary_name(path)
+        rename(path, old)
+        rename(tmp, path)
+        _remove_any(old)
+    else:
+        rename(tmp, path, overwrite=True)
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
-    """Yield a temporary path to write to; on success rename it to ``path``, else delete it."""
+    """Yield a temporary path to write to (a file, or a folder the caller creates); on success
+    it replaces ``path`` by rename, a folder included, else it is deleted."""
     tmp = temporary_name(path)
     try:
         yield tmp
-        rename(tmp, path, overwrite=True)
+        _replace(tmp, path)
     except BaseException:
         if exists(tmp):
-            rmtree(tmp) if isdir(tmp) else remove(tmp)
+            _remove_any(tmp)
         raise
 
 

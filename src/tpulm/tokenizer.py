@@ -309,23 +309,11 @@ def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, o
         for name in sorted(files, key=lambda n: n == TOKENIZER_FILE):
             storage.write_text(storage.join(output, name), files[name])
         return
-    output = output.rstrip("/")
-    tmp = storage.temporary_name(output)
-    try:
+    with storage.atomic_path(output.rstrip("/")) as tmp:  # an old folder goes only at the end
         storage.makedirs(tmp)
         for name, text in files.items():
             with storage.open_file(storage.join(tmp, name), "w") as f:
                 f.write(text)
-        if storage.exists(output):  # --overwrite: swap the old folder out only now
-            old = storage.temporary_name(output)
-            storage.rename(output, old)
-            storage.rename(tmp, output)
-            storage.rmtree(old)
-        else:
-            storage.rename(tmp, output)
-    finally:
-        if storage.exists(tmp):
-            storage.rmtree(tmp)
 
 
 def run(cfg: TokenizerConfig) -> TokenizerResult:
