@@ -48,14 +48,15 @@ def main() -> None:
     import torch
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from tpulm import hf
-    from tpulm.model import ModelConfig, build_model
+    from tpulm.hf import convert
+    from tpulm.model.config import ModelConfig
+    from tpulm.model.roberta import build_model
 
     cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.ffn, pad_token_id=3)
-    torch_model = RobertaForMaskedLM(RobertaConfig(**hf.hf_model_kwargs(cfg))).eval()
+    torch_model = RobertaForMaskedLM(RobertaConfig(**convert.hf_model_kwargs(cfg))).eval()
     model = build_model(cfg, dtype="float32")
-    hf.from_hf_state_dict(model, cfg, {k: v.numpy() for k, v in torch_model.state_dict().items()})
+    convert.from_hf_state_dict(model, cfg, {k: v.numpy() for k, v in torch_model.state_dict().items()})
 
     rng = np.random.default_rng(0)
     ids = rng.integers(5, args.vocab, (args.batch, args.seq)).astype(np.int32)

@@ -4,7 +4,7 @@ On WikiText-2 (valid + test from ../shared/data/wikitext-2) repeated to about 20
 
 * bare ``tokenizers.Tokenizer.encode_batch`` over the same (non-empty) lines, batches of 1000
   (and ``encode_batch_fast``, which tpulm uses, for reference);
-* ``tpulm.prepare.run`` end to end: read the file, tokenize, pack, write TFRecord shards;
+* ``tpulm.data.prepare.run`` end to end: read the file, tokenize, pack, write TFRecord shards;
 * the reference recipe: 🤗 datasets ``map`` with the transformers tokenizer, list-sum grouping per
   1000-sample batch, Python ``tf.train.Example`` serialisation and ``tf.io.TFRecordWriter``;
 * peak RSS of ``tpulm data prepare`` at 1x and 4x the corpus, each in a fresh subprocess.
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 
-from tpulm import prepare, tokenizer  # noqa: E402
+from tpulm.data import prepare, tokenizer  # noqa: E402
 
 MAX_LENGTH, SHARD_SIZE, BATCH = 128, 1000, 1000
 
@@ -75,9 +75,8 @@ def reference_recipe(tok_dir: str, corpus: Path, out: Path, cache: Path) -> tupl
     """The reference prepare_tfrecord_shards.py on the text file (it keeps empty lines)."""
     import datasets
     import tensorflow as tf
-    from transformers import AutoTokenizer
-
     import transformers
+    from transformers import AutoTokenizer
 
     datasets.disable_progress_bars()
     transformers.logging.set_verbosity_error()
@@ -109,7 +108,7 @@ def reference_recipe(tok_dir: str, corpus: Path, out: Path, cache: Path) -> tupl
 PEAK_SCRIPT = """
 import resource, sys, time
 sys.path.insert(0, {src!r})
-from tpulm import prepare
+from tpulm.data import prepare
 cfg = prepare.PrepareConfig(tokenizer={tok!r}, output={out!r}, train_files=({corpus!r},),
                             max_length={L}, shard_size={S}, progress=False)
 start = time.perf_counter()

@@ -35,7 +35,7 @@ def child(args) -> None:
     import keras
 
     from tpulm import metrics
-    from tpulm.masking import max_predictions
+    from tpulm.training.masking import max_predictions
 
     data = {"tokenizer": Path(args.data) / "tokenizer", "train": Path(args.data) / "train"}
     if args.dropout_off:
@@ -55,7 +55,7 @@ def _matmul_flops(backend: str) -> float:
         from tpulm import metrics
 
         return metrics.matmul_flops()
-    from tpulm.distribute_jax import MeshStrategy
+    from tpulm.training.jax_mesh import MeshStrategy
 
     return MeshStrategy(None, 1, "single").peak_flops(repeats=5)
 

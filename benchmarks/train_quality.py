@@ -37,7 +37,8 @@ def prepare(root: Path) -> dict[str, Path]:
 
 
 def tpulm_run(data: dict, run_dir: Path, steps: int, seed: int):
-    from tpulm.train import TrainConfig, run
+    from tpulm.training import run
+    from tpulm.training.config import TrainConfig
 
     return run(TrainConfig(
         train_data=str(data["train"]), eval_data=str(data["valid"]), tokenizer=str(data["tokenizer"]),
@@ -49,9 +50,9 @@ def tpulm_run(data: dict, run_dir: Path, steps: int, seed: int):
 
 def pipelines(data: dict, seed: int):
     """tpulm's training and evaluation datasets (the masks both frameworks see)."""
-    from tpulm.inputs import eval_dataset, open_shards, training_dataset
-    from tpulm.masking import Masker, max_predictions
-    from tpulm.tokenizer import load_tokenizer, special_tokens
+    from tpulm.data.tokenizer import load_tokenizer, special_tokens
+    from tpulm.training.inputs import eval_dataset, open_shards, training_dataset
+    from tpulm.training.masking import Masker, max_predictions
 
     special = special_tokens(str(data["tokenizer"]))
     vocab = load_tokenizer(str(data["tokenizer"])).get_vocab_size()
@@ -82,8 +83,8 @@ def torch_run(data: dict, steps: int, seed: int) -> float:
     import torch
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from tpulm.model import load_model_preset
-    from tpulm.schedule import LinearWarmupDecay, warmup_steps
+    from tpulm.model.config import load_model_preset
+    from tpulm.training.schedule import LinearWarmupDecay, warmup_steps
 
     train, evaluate, special, vocab = pipelines(data, seed)
     tiny = load_model_preset("tiny")
@@ -126,9 +127,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
-    from tpulm import distribute
+    from tpulm.training import strategies
 
-    distribute.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
+    strategies.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
     import torch
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))

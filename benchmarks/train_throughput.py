@@ -8,7 +8,7 @@ their ratio, and MFU against a large fp32 matmul measured in the same run (tpulm
 on the gathered masked slots, PyTorch on all positions, as each computes it). Then ``base`` for a
 few steps: tokens/s and peak memory (in a subprocess of its own). With ``--bf16`` both also run in
 bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``). tpulm runs with its defaults
-(on CPU: TensorFlow graph mode with oneDNN, one inter-op thread; see ``tpulm.distribute``).
+(on CPU: TensorFlow graph mode with oneDNN, one inter-op thread; see ``tpulm.training.strategies``).
 
     PYTHONPATH=src python benchmarks/train_throughput.py [--steps 20] [--skip-base]
 """
@@ -48,8 +48,9 @@ def prepare(root: Path) -> dict[str, Path]:
 def tpulm_run(data: dict, run_dir: Path, steps: int, warmup: int, precision: str = "fp32",
               model: str = "tiny", overrides: dict | None = None, batch: int = BATCH) -> dict:
     """Train ``warmup + steps`` steps; steady tokens/s from the metrics lines after warm-up."""
-    from tpulm.model import ModelConfig
-    from tpulm.train import TrainConfig, run
+    from tpulm.model.config import ModelConfig
+    from tpulm.training import run
+    from tpulm.training.config import TrainConfig
 
     total = warmup + steps
     result = run(TrainConfig(
@@ -73,9 +74,9 @@ def torch_batches(data: dict, n: int) -> list[dict]:
     import numpy as np
     import torch
 
-    from tpulm.inputs import open_shards, training_dataset
-    from tpulm.masking import Masker, max_predictions
-    from tpulm.tokenizer import special_tokens
+    from tpulm.data.tokenizer import special_tokens
+    from tpulm.training.inputs import open_shards, training_dataset
+    from tpulm.training.masking import Masker, max_predictions
 
     special = special_tokens(str(data["tokenizer"]))
     masker = Masker(VOCAB, special.mask_id, special.ids, max_predictions(SEQ, 0.15))
@@ -164,15 +165,15 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
-    from tpulm import distribute
+    from tpulm.training import strategies
 
-    distribute.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
+    strategies.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
     if args.base_only:
         return base_only(args)
     import torch
 
     from tpulm import metrics
-    from tpulm.tokenizer import special_tokens
+    from tpulm.data.tokenizer import special_tokens
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
@@ -187,7 +188,7 @@ def main() -> None:
         torch_bf16 = torch_run(data, args.steps, args.warmup, pad_id, bf16=True) if args.bf16 else None
         tf_peak = max(tf_peak, metrics.matmul_flops())  # the better of before/after the runs
         cfg = ours["model_cfg"]
-        from tpulm.masking import max_predictions
+        from tpulm.training.masking import max_predictions
 
         ours_flops = metrics.train_flops_per_sequence(cfg, SEQ, max_predictions(SEQ, 0.15)) / SEQ
         torch_flops = metrics.train_flops_per_sequence(cfg, SEQ, SEQ) / SEQ

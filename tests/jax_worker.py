@@ -3,7 +3,7 @@
 Usage: ``KERAS_BACKEND=jax python tests/jax_worker.py JOBS.json RESULTS.json``. Each job is a
 dict with ``kind``:
 
-* ``train``: ``tpulm.trainer.Trainer(TrainConfig(**config), model).fit()``; the result has the
+* ``train``: ``tpulm.training.loop.Trainer(TrainConfig(**config), model).fit()``; the result has the
   TrainResult fields, the strategy name, the per-step train losses from ``metrics.jsonl``, and
   for ``shardings`` the partition spec and local shard shape of each listed variable path.
   With ``logits`` (an ``.npz`` of model inputs) it also writes the trained model's logits.
@@ -70,11 +70,11 @@ class SimulatedHosts:
 def train(job: dict) -> dict:
     import keras
 
-    from tpulm import trainer
-    from tpulm.train import TrainConfig
+    from tpulm.training import loop
+    from tpulm.training.config import TrainConfig
 
     keras.backend.clear_session()  # fresh layer names: checkpoint paths do not depend on history
-    session = trainer.Trainer(TrainConfig(**job["config"]), dict(job.get("model", {})))
+    session = loop.Trainer(TrainConfig(**job["config"]), dict(job.get("model", {})))
     if job.get("simulate_hosts"):
         session.strategy = SimulatedHosts(session.strategy, job["simulate_hosts"])
     result = session.fit()
@@ -92,8 +92,9 @@ def train(job: dict) -> dict:
 
 
 def logits(job: dict) -> dict:
-    from tpulm import weights
-    from tpulm.model import ModelConfig, build_model
+    from tpulm.model import weights
+    from tpulm.model.config import ModelConfig
+    from tpulm.model.roberta import build_model
 
     model = build_model(ModelConfig(**job["model_config"]), dtype="float32")
     weights.load(model.weights, job["weights"])

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tpulm import corpus
-from tpulm.corpus import Source
+from tpulm.data import corpus
+from tpulm.data.corpus import Source
 from tpulm.errors import TpulmError
 
 

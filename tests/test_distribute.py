@@ -10,7 +10,6 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-
 from test_train_support import small_corpus
 
 SCRIPT = textwrap.dedent(
@@ -20,8 +19,9 @@ SCRIPT = textwrap.dedent(
     logging.basicConfig(level=logging.INFO)
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from tpulm import distribute
-    from tpulm.train import TrainConfig, run
+    from tpulm.training import strategies
+    from tpulm.training import run
+    from tpulm.training.config import TrainConfig
     data, out = json.loads(sys.argv[1]), sys.argv[2]
     no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
     common = dict(train_data=data["train"], tokenizer=data["tokenizer"], model="tiny",
@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
                   warmup=0, clip_norm=0.05, progress=False, peak_tflops=1.0)
     # One replica without XLA (as the two-replica run falls back to), for like-for-like numerics.
     one = run(TrainConfig(run_dir=out + "/one", batch_size=8, jit_compile="false", **common), no_dropout)
-    distribute.STRATEGIES.insert(0, distribute._Entry(
+    strategies.STRATEGIES.insert(0, strategies._Entry(
         "mirrored_cpus", lambda p: True,
         lambda p: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])))
     two = run(TrainConfig(run_dir=out + "/two", batch_size=4, **common), no_dropout)

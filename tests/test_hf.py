@@ -14,14 +14,24 @@ transformers = pytest.importorskip("transformers")
 
 import keras  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
+from test_model_support import (  # noqa: E402
+    hf_model,
+    make_run_dir,
+    packed_batch,
+    padded_batch,
+    sentences,
+    torch_logits,
+    train_reference_tokenizer,
+    wikitext_lines,
+)
 
-from tpulm import hf, rundir, weights  # noqa: E402
+from tpulm import rundir  # noqa: E402
 from tpulm.cli import main  # noqa: E402
 from tpulm.errors import TpulmError  # noqa: E402
-from tpulm.model import build_model, load_model_preset  # noqa: E402
-from test_model_support import (  # noqa: E402
-    hf_model, make_run_dir, packed_batch, padded_batch, sentences, torch_logits,
-    train_reference_tokenizer, wikitext_lines)
+from tpulm.hf import export, folder, hub, importer
+from tpulm.model import weights  # noqa: E402
+from tpulm.model.config import load_model_preset  # noqa: E402
+from tpulm.model.roberta import build_model  # noqa: E402
 
 TOL = 1e-4
 
@@ -122,16 +132,16 @@ def test_export_of_older_step_and_unknown_step(run, tmp_path):
     np.testing.assert_array_equal(
         exported["lm_head.dense.weight"], ckpt["roberta_mlm/lm_head/dense/kernel"].T)
     with pytest.raises(TpulmError, match=r"no checkpoint of step 7.*\[5, 10\]"):
-        hf.write_export(str(run_dir), str(tmp_path / "s7"), step=7)
+        export.write_export(str(run_dir), str(tmp_path / "s7"), step=7)
 
 
 def test_failed_export_leaves_no_folder(run, tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(hf, "_write_tokenizer", broken)
+    monkeypatch.setattr(folder, "write_tokenizer", broken)
     with pytest.raises(OSError, match="disk full"):
-        hf.write_export(str(run[0]), str(tmp_path / "out"))
+        export.write_export(str(run[0]), str(tmp_path / "out"))
     assert os.listdir(tmp_path) == []
 
 
@@ -140,8 +150,8 @@ def test_existing_export_needs_overwrite(run, tmp_path):
     out.mkdir()
     (out / "old.txt").write_text("old")
     with pytest.raises(TpulmError, match="--overwrite"):
-        hf.write_export(str(run[0]), str(out))
-    hf.write_export(str(run[0]), str(out), overwrite=True)
+        export.write_export(str(run[0]), str(out))
+    export.write_export(str(run[0]), str(out), overwrite=True)
     assert "old.txt" not in os.listdir(out) and (out / "model.safetensors").exists()
     assert os.listdir(tmp_path) == ["out"]
 
@@ -166,8 +176,9 @@ def test_round_trip_hf_tpulm_hf_is_exact(hf_dir, tmp_path, tokenizer, lines):
     assert sorted(back) == sorted(original)
     for key, value in original.items():
         assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
-    # The imported checkpoint loads with tpulm.weights into build_model (training resumes from it).
-    from tpulm.model import run_checkpoint, run_model_config
+    # The imported checkpoint loads with tpulm.model.weights into build_model (training resumes from it).
+    from tpulm.model.config import run_model_config
+    from tpulm.rundir import run_checkpoint
 
     cfg = run_model_config(str(run_dir))
     step, path = run_checkpoint(str(run_dir))
@@ -190,7 +201,7 @@ def test_import_rejects_other_architectures(hf_dir, tmp_path):
     config.update(model_type="bert", architectures=["BertForMaskedLM"])
     (bert / "config.json").write_text(json.dumps(config))
     with pytest.raises(TpulmError, match="BertForMaskedLM"):
-        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(bert), run_dir=str(tmp_path / "r")))
+        importer.import_checkpoint(importer.ImportConfig(hf_dir=str(bert), run_dir=str(tmp_path / "r")))
     assert not (tmp_path / "r").exists()
 
 
@@ -205,7 +216,7 @@ def test_import_lists_missing_and_unexpected_tensors(hf_dir, tmp_path):
     state["roberta.pooler.dense.weight"] = np.zeros((2, 2), np.float32)
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(TpulmError) as err:
-        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(broken), run_dir=str(tmp_path / "r")))
+        importer.import_checkpoint(importer.ImportConfig(hf_dir=str(broken), run_dir=str(tmp_path / "r")))
     message = str(err.value)
     for name in ("roberta.encoder.layer.1.output.dense.weight", "lm_head.bias",
                  "roberta.pooler.dense.weight"):
@@ -224,7 +235,7 @@ def test_pickle_only_with_allow_pickle(hf_dir, tmp_path):
     (pickled / "model.safetensors").unlink()
     torch.save({k: torch.from_numpy(v) for k, v in state.items()}, pickled / "pytorch_model.bin")
     with pytest.raises(TpulmError, match="--allow-pickle"):
-        hf.import_checkpoint(hf.ImportConfig(hf_dir=str(pickled), run_dir=str(tmp_path / "r")))
+        importer.import_checkpoint(importer.ImportConfig(hf_dir=str(pickled), run_dir=str(tmp_path / "r")))
     assert main(["import", str(pickled), str(tmp_path / "r"), "--allow-pickle"]) == 0
     assert main(["export", str(tmp_path / "r"), str(tmp_path / "out")]) == 0
     back = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -239,7 +250,7 @@ def test_hub_upload_files_and_offline_error(run, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "HF_HUB_OFFLINE" in err and f"the export stays in {out}" in err
     assert "hf_secret" not in err
-    assert sorted(hf.hub_files(str(out))) == sorted(os.listdir(out)) == [
+    assert sorted(hub.hub_files(str(out))) == sorted(os.listdir(out)) == [
         "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
         "tokenizer.json", "tokenizer_config.json"]
     for name in os.listdir(out):
@@ -256,9 +267,9 @@ def test_hub_error_without_token(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.setattr(huggingface_hub.constants, "HF_STORED_TOKENS_PATH", str(tmp_path / "none"))
     with pytest.raises(TpulmError, match="no Hugging Face token"):
-        hf.check_hub_access("someone/tiny-roberta")
+        hub.check_hub_access("someone/tiny-roberta")
     with pytest.raises(TpulmError, match="not a valid Hub repo id"):
-        hf.check_hub_access("not a repo id!")
+        hub.check_hub_access("not a repo id!")
 
 
 def test_export_from_remote_run_dir(run, tmp_path):
@@ -274,7 +285,7 @@ def test_export_from_remote_run_dir(run, tmp_path):
             tf.io.gfile.makedirs(target.rsplit("/", 1)[0])
             tf.io.gfile.copy(str(local), target, overwrite=True)
     from_remote, local = tmp_path / "a" / "model", tmp_path / "b" / "model"
-    hf.write_export(remote, str(from_remote))
-    hf.write_export(str(run_dir), str(local))
+    export.write_export(remote, str(from_remote))
+    export.write_export(str(run_dir), str(local))
     for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md"):
         assert (from_remote / name).read_bytes() == (local / name).read_bytes(), name

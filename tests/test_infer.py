@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
+from test_model_support import make_run_dir, train_reference_tokenizer, wikitext_lines
 
-from tpulm import infer, rundir
+from tpulm import fill_mask, rundir
 from tpulm.cli import main
 from tpulm.errors import TpulmError
-from tpulm.model import load_model_preset
-from test_model_support import make_run_dir, train_reference_tokenizer, wikitext_lines
+from tpulm.model.config import load_model_preset
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +27,11 @@ def run_dir(wikitext_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def predictor(run_dir):
-    return infer.load_predictor(str(run_dir))
+    return fill_mask.load_predictor(str(run_dir))
 
 
 def test_one_mask_result_has_pipeline_fields(predictor):
-    [result] = infer.fill_mask(predictor, ["The film was released in [MASK] ."], top_k=7)
+    [result] = fill_mask.fill_mask(predictor, ["The film was released in [MASK] ."], top_k=7)
     assert len(result) == 7
     scores = [r["score"] for r in result]
     assert scores == sorted(scores, reverse=True) and 0 < sum(scores) <= 1
@@ -47,7 +47,7 @@ def test_scores_are_the_softmax_of_the_full_logits(predictor):
     batch = {"input_ids": np.array([ids], np.int32), "attention_mask": np.ones((1, len(ids)), np.int32)}
     logits = np.asarray(predictor.model(batch, training=False))[0, ids.index(predictor.mask_id)]
     probs = np.exp(logits - logits.max()) / np.exp(logits - logits.max()).sum()
-    [result] = infer.fill_mask(predictor, [text], top_k=3)
+    [result] = fill_mask.fill_mask(predictor, [text], top_k=3)
     assert [r["token"] for r in result] == list(np.argsort(-probs)[:3])
     np.testing.assert_allclose([r["score"] for r in result], np.sort(probs)[::-1][:3], rtol=1e-5)
 
@@ -55,11 +55,11 @@ def test_scores_are_the_softmax_of_the_full_logits(predictor):
 def test_several_masks_and_batches_of_different_lengths(predictor):
     texts = ["[MASK] was born in [MASK] .", "A [MASK] .", "It is a long sentence about the "
              "history of the city and its [MASK] in the nineteenth century ."]
-    results = infer.fill_mask(predictor, texts, top_k=2)
+    results = fill_mask.fill_mask(predictor, texts, top_k=2)
     assert len(results[0]) == 2 and all(len(row) == 2 for row in results[0])
     # With several masks each is filled on its own; the other stays, special tokens kept.
     assert results[0][0][0]["sequence"].count("[MASK]") == 1
-    alone = [infer.fill_mask(predictor, [t], top_k=2)[0] for t in texts]
+    alone = [fill_mask.fill_mask(predictor, [t], top_k=2)[0] for t in texts]
     flat = [(a, b) for r, s in zip(results, alone)  # padding in a batch changes nothing
             for a, b in zip(*(x if isinstance(x[0], list) else [x] for x in (r, s)))]
     for got, want in flat:
@@ -69,18 +69,18 @@ def test_several_masks_and_batches_of_different_lengths(predictor):
 
 def test_no_mask_token_is_a_clear_error(predictor):
     with pytest.raises(TpulmError, match=r"no mask token: write \[MASK\]"):
-        infer.fill_mask(predictor, ["no mask here <mask>"])
+        fill_mask.fill_mask(predictor, ["no mask here <mask>"])
 
 
 def test_run_dir_step_checkpoint_folder_agree(run_dir, predictor):
     text = ["The [MASK] of the river ."]
-    latest = infer.fill_mask(predictor, text)
-    ckpt8 = infer.load_predictor(rundir.checkpoint_dir(str(run_dir), 8))
-    assert infer.fill_mask(ckpt8, text) == latest
-    older = infer.load_predictor(str(run_dir), step=3)
-    assert infer.fill_mask(older, text) != latest
+    latest = fill_mask.fill_mask(predictor, text)
+    ckpt8 = fill_mask.load_predictor(rundir.checkpoint_dir(str(run_dir), 8))
+    assert fill_mask.fill_mask(ckpt8, text) == latest
+    older = fill_mask.load_predictor(str(run_dir), step=3)
+    assert fill_mask.fill_mask(older, text) != latest
     with pytest.raises(TpulmError, match="neither a run dir"):
-        infer.load_predictor(str(run_dir / "tokenizer"))
+        fill_mask.load_predictor(str(run_dir / "tokenizer"))
 
 
 def test_cli_reads_stdin_and_prints(run_dir, monkeypatch, capsys):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_train_support import blocks, make_tokenizer, wikitext_lines, write_shards
+
+from tpulm.data.tokenizer import special_tokens
 from tpulm.errors import TpulmError
-from tpulm.inputs import eval_dataset, open_shards, training_dataset
-from tpulm.masking import Masker
-from tpulm.tokenizer import special_tokens
+from tpulm.training.inputs import eval_dataset, open_shards, training_dataset
+from tpulm.training.masking import Masker
 
 LENGTH = 32
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpulm import cli, inspect_shards, prepare, shards, tokenizer
-from tpulm.inspect_shards import InspectConfig
+from tpulm import cli
+from tpulm.data import inspect, prepare, shards, tokenizer
+from tpulm.data.inspect import InspectConfig
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +34,12 @@ def damaged(good, tmp_path) -> Path:
 
 
 def problems(path: Path, tok: Path | None = None) -> list[str]:
-    report = inspect_shards.run(InspectConfig(path=str(path), tokenizer=str(tok) if tok else None))
+    report = inspect.run(InspectConfig(path=str(path), tokenizer=str(tok) if tok else None))
     return [p for split in report.splits for p in split.problems]
 
 
 def test_good_folder_passes_and_decodes(good, capsys, wikitext_dir):
-    report = inspect_shards.run(InspectConfig(path=str(good / "data"), decode=2))
+    report = inspect.run(InspectConfig(path=str(good / "data"), decode=2))
     assert report.ok and [Path(s.path).name for s in report.splits] == ["train", "validation"]
     train = report.splits[0]
     manifest = shards.read_manifest(str(good / "data" / "train"))
@@ -122,7 +123,7 @@ def test_interrupted_run_and_leftovers(damaged):
 
 def test_reference_shards_without_manifest(damaged, good):
     (damaged / "manifest.json").unlink()  # the reference recipe writes none
-    report = inspect_shards.run(InspectConfig(path=str(damaged), tokenizer=str(good / "tok"), decode=1))
+    report = inspect.run(InspectConfig(path=str(damaged), tokenizer=str(good / "tok"), decode=1))
     assert report.ok and report.splits[0].max_length == 64 and len(report.splits[0].decoded) == 1
 
 

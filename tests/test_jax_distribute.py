@@ -7,10 +7,11 @@ import re
 import keras
 import pytest
 
-from tpulm import backends, distribute, distribute_jax
 from tpulm.errors import TpulmError
-from tpulm.model import ModelConfig, build_model
-from tpulm.train import TrainConfig
+from tpulm.model.config import ModelConfig
+from tpulm.model.roberta import build_model
+from tpulm.training import backends, jax_mesh, strategies
+from tpulm.training.config import TrainConfig
 
 
 def tiny(vocab: int = 500, hidden: int = 64, ffn: int = 128) -> ModelConfig:
@@ -26,7 +27,7 @@ def tiny(vocab: int = 500, hidden: int = 64, ffn: int = 128) -> ModelConfig:
     ("data=1,model=1", 4, (1, 1)),  # a sub-mesh (single host only)
 ])
 def test_parse_mesh(spec, devices, sizes):
-    assert distribute_jax.parse_mesh(spec, devices) == sizes
+    assert jax_mesh.parse_mesh(spec, devices) == sizes
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -39,7 +40,7 @@ def test_parse_mesh(spec, devices, sizes):
 ])
 def test_parse_mesh_errors_name_the_flag(spec, message):
     with pytest.raises(TpulmError, match=re.escape(message)) as err:
-        distribute_jax.parse_mesh(spec, 4)
+        jax_mesh.parse_mesh(spec, 4)
     assert "--mesh" in str(err.value)
 
 
@@ -50,7 +51,7 @@ def _matches(rules: dict, path: str) -> list[str]:
 def test_layout_rules_shard_exactly_the_large_weights_of_the_real_model():
     """Every rule hits real variable paths; embeddings, q/k/v/output and FFN kernels are split."""
     model = build_model(tiny())
-    rules = distribute_jax.layout_rules(model.cfg, 2)
+    rules = jax_mesh.layout_rules(model.cfg, 2)
     layouts = {}
     for variable in model.weights:
         hits = _matches(rules, variable.path)
@@ -70,7 +71,7 @@ def test_layout_rules_shard_exactly_the_large_weights_of_the_real_model():
 
 
 def test_layout_rules_split_an_odd_vocabulary_by_hidden_column():
-    rules = distribute_jax.layout_rules(tiny(vocab=501), 2)
+    rules = jax_mesh.layout_rules(tiny(vocab=501), 2)
     word = [axes for p, axes in rules.items() if p.endswith("word_embeddings/embeddings")]
     assert word == [(None, "model")]
 
@@ -80,7 +81,7 @@ def test_layout_rules_reject_a_model_axis_that_does_not_divide(hidden, ffn, name
     cfg = ModelConfig(vocab_size=500, hidden_size=hidden, num_layers=1, num_heads=2,
                       intermediate_size=ffn, max_position_embeddings=40, pad_token_id=1)
     with pytest.raises(TpulmError, match=rf"--mesh model=64 does not divide the model's {name}"):
-        distribute_jax.layout_rules(cfg, 64)
+        jax_mesh.layout_rules(cfg, 64)
 
 
 def test_backend_is_resolved_from_flag_then_environment(monkeypatch):
@@ -107,12 +108,12 @@ def test_train_config_checks_backend_and_mesh_needs_jax():
     with pytest.raises(TpulmError, match="backend must be one of tensorflow, jax"):
         TrainConfig(backend="torch")
     with pytest.raises(TpulmError, match="--mesh needs the JAX backend"):
-        distribute.make_strategy(distribute.Placement(mesh="data=1,model=1"))
+        strategies.make_strategy(strategies.Placement(mesh="data=1,model=1"))
 
 
 def test_jax_tpu_must_be_local():
     with pytest.raises(TpulmError, match="run tpulm on the TPU VM itself"):
-        distribute_jax.initialize_cluster("my-tpu")
+        jax_mesh.initialize_cluster("my-tpu")
 
 
 def test_reexec_refuses_outside_the_tpulm_command():

@@ -16,10 +16,23 @@ import sys
 import keras
 import numpy as np
 import pytest
+from jax_support import (
+    DEVICES,
+    SRC,
+    corpus,
+    finish_jax,
+    free_port,
+    run_jax,
+    start_jax,
+    train_config,
+)
 
-from jax_support import DEVICES, SRC, corpus, finish_jax, free_port, run_jax, start_jax, train_config
-from tpulm import rundir, weights
-from tpulm.model import ModelConfig, build_model
+from tpulm import rundir
+from tpulm.model import weights
+from tpulm.model.config import ModelConfig
+
+# fp32 on CPU: other device counts and process counts change only the order of reductions.
+from tpulm.model.roberta import build_model
 
 # fp32 on CPU: other device counts and process counts change only the order of reductions.
 # After 4 AdamW steps (lr 1e-3) the weights differ by at most 3.5e-7 (measured over several runs,
@@ -77,10 +90,10 @@ def _assert_same_checkpoint(got: dict, want: dict, atol: float) -> None:
 
 
 def _train_tf(cfg: dict, model_table: dict) -> None:
-    from tpulm import train
+    from tpulm import training
 
     keras.backend.clear_session()
-    train.run(train.TrainConfig(**cfg), model_table)
+    training.run(training.TrainConfig(**cfg), model_table)
 
 
 def _losses(run_dir) -> dict[int, float]:
@@ -201,7 +214,8 @@ def test_checkpoints_resume_across_backends_and_export(tmp_path, data):
     import torch
     import transformers
 
-    from tpulm import config, hf
+    from tpulm import config
+    from tpulm.hf import export
 
     tf_run, jax_run = tmp_path / "tf_first", tmp_path / "jax_first"
     cli = _start_cli_jax(train_config(data, jax_run, mesh="data=2,model=2",
@@ -233,7 +247,7 @@ def test_checkpoints_resume_across_backends_and_export(tmp_path, data):
     np.testing.assert_allclose([_losses(tf_run)[s] for s in (4, 5, 6)], [tf_losses[s] for s in (4, 5, 6)],
                                rtol=RESUME_LOSS_RTOL, atol=0)
 
-    hf.write_export(str(tf_run), str(tmp_path / "export"))  # the run that ended on JAX
+    export.write_export(str(tf_run), str(tmp_path / "export"))  # the run that ended on JAX
     torch_model = transformers.AutoModelForMaskedLM.from_pretrained(str(tmp_path / "export")).eval()
     with torch.no_grad():
         ref = torch_model(input_ids=torch.tensor(batch["input_ids"], dtype=torch.long),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_train_support import blocks, make_tokenizer, wikitext_lines
-from tpulm.masking import Masker, max_predictions
-from tpulm.tokenizer import special_tokens
+
+from tpulm.data.tokenizer import special_tokens
+from tpulm.training.masking import Masker, max_predictions
 
 MAX_LENGTH = 128
 

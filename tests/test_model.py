@@ -13,13 +13,24 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import keras  # noqa: E402
-
-from tpulm import config, hf, weights  # noqa: E402
-from tpulm.errors import TpulmError  # noqa: E402
-from tpulm.model import ModelConfig, build_model, load_model_preset  # noqa: E402
 from test_model_support import (  # noqa: E402
-    PAD_ID, hf_model, packed_batch, padded_batch, sentences, torch_logits, torch_state,
-    train_reference_tokenizer, wikitext_lines)
+    PAD_ID,
+    hf_model,
+    packed_batch,
+    padded_batch,
+    sentences,
+    torch_logits,
+    torch_state,
+    train_reference_tokenizer,
+    wikitext_lines,
+)
+
+from tpulm import config  # noqa: E402
+from tpulm.errors import TpulmError  # noqa: E402
+from tpulm.hf import convert
+from tpulm.model import weights  # noqa: E402
+from tpulm.model.config import ModelConfig, load_model_preset  # noqa: E402
+from tpulm.model.roberta import build_model  # noqa: E402
 
 TOL = 1e-5
 
@@ -45,7 +56,7 @@ def pair(cfg):
     """(torch model, keras model) holding the same random weights."""
     torch_model = hf_model(cfg)
     model = build_model(cfg)
-    hf.from_hf_state_dict(model, cfg, torch_state(torch_model))
+    convert.from_hf_state_dict(model, cfg, torch_state(torch_model))
     return torch_model, model
 
 
@@ -97,8 +108,9 @@ def test_jax_backend_gives_same_logits(pair, tokenizer, texts, tmp_path):
     cfg = model.cfg
     script = f"""
 import numpy as np, keras
-from tpulm import weights
-from tpulm.model import ModelConfig, build_model
+from tpulm.model import weights
+from tpulm.model.config import ModelConfig
+from tpulm.model.roberta import build_model
 assert keras.backend.backend() == "jax"
 model = build_model(ModelConfig(**{dict(vars(cfg))!r}))
 weights.load(model.weights, {str(tmp_path / "w.safetensors")!r})
@@ -158,7 +170,7 @@ def test_parameter_count_equals_transformers_roberta_base():
     from transformers import RobertaConfig, RobertaForMaskedLM
 
     cfg = ModelConfig(vocab_size=50265, **load_model_preset("base"))
-    torch_model = RobertaForMaskedLM(RobertaConfig(**hf.hf_model_kwargs(cfg)))
+    torch_model = RobertaForMaskedLM(RobertaConfig(**convert.hf_model_kwargs(cfg)))
     hf_count = sum(p.numel() for p in torch_model.parameters())  # tied tensors counted once
     del torch_model
     assert hf_count == 124_697_433

@@ -30,8 +30,15 @@ def wikitext_lines(wikitext_dir: Path, count: int = 1500) -> list[str]:
 
 def train_reference_tokenizer(lines: list[str], out_dir: Path, vocab_size: int = 600) -> Path:
     """Train the reference-recipe Unigram tokenizer on ``lines`` and save it to ``out_dir``."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    from tokenizers import trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence(
@@ -106,10 +113,10 @@ def hf_model(cfg, seed: int = 0):
     import torch
     from transformers import RobertaConfig, RobertaForMaskedLM
 
-    from tpulm import hf
+    from tpulm.hf import convert
 
     torch.manual_seed(seed)
-    config = RobertaConfig(**hf.hf_model_kwargs(cfg))
+    config = RobertaConfig(**convert.hf_model_kwargs(cfg))
     config._attn_implementation = "eager"
     model = RobertaForMaskedLM(config)
     randomize_torch_model(model, seed)
@@ -133,15 +140,17 @@ def torch_logits(model, batch: dict[str, np.ndarray]) -> np.ndarray:
 
 def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10), seed: int = 0):
     """A run dir as `tpulm train` leaves it: config.toml, tokenizer/, checkpoints with random
-    (non-trivial: LayerNorms and biases too) weights written by tpulm.weights, metrics.jsonl.
+    (non-trivial: LayerNorms and biases too) weights written by tpulm.model.weights, metrics.jsonl.
 
     Returns the Keras model holding the weights of the last checkpoint, and its config.
     """
     import shutil
 
-    from tpulm import config, rundir, weights
-    from tpulm.model import ModelConfig, build_model
-    from tpulm.tokenizer import load_tokenizer
+    from tpulm import config, rundir
+    from tpulm.data.tokenizer import load_tokenizer
+    from tpulm.model import weights
+    from tpulm.model.config import ModelConfig
+    from tpulm.model.roberta import build_model
 
     vocab = load_tokenizer(str(tokenizer_dir)).get_vocab_size()
     cfg = ModelConfig(vocab_size=vocab, pad_token_id=PAD_ID, **table)

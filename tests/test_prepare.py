@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpulm import cli, prepare, shards, storage, tokenizer
+from tpulm import cli, storage
+from tpulm.data import prepare, shards, tokenizer
+from tpulm.data.prepare import PrepareConfig
 from tpulm.errors import TpulmError
-from tpulm.prepare import PrepareConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SPECIAL = re.compile(r"(\[CLS\]|\[SEP\]|<unk>|<pad>|\[MASK\])")

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from test_train_support import small_corpus
+
 from tpulm import rundir
 
 STEPS, EVERY = 30, 10

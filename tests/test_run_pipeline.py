@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpulm import democorpus, rundir
+from tpulm import rundir
+from tpulm.data import builtin_corpus
 
 TINY_BUDGET = [
     "tokenizer.vocab_size=2000",
@@ -50,7 +51,7 @@ def demo(tmp_path_factory):
 
 def test_demo_outputs_validate(demo):
     work, output = demo
-    for prompt, _ in democorpus.FILL_MASK_PROMPTS:
+    for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS:
         assert prompt in output  # every prompt answered
     inspect = subprocess.run([sys.executable, "-m", "tpulm", "data", "inspect", str(work / "data" / "train")],
                              capture_output=True, text=True, timeout=300)
@@ -68,7 +69,7 @@ def test_export_answers_like_tpulm_in_transformers(demo):
     work, _ = demo
     export = work / "run" / "export"
     fill = transformers.pipeline("fill-mask", model=str(export), top_k=5)
-    prompt = democorpus.FILL_MASK_PROMPTS[0][0]
+    prompt = builtin_corpus.FILL_MASK_PROMPTS[0][0]
     ours = subprocess.run([sys.executable, "-m", "tpulm", "fill-mask", str(export), prompt, "--json"],
                           capture_output=True, text=True, timeout=300)
     assert ours.returncode == 0, ours.stderr

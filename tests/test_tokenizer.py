@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from tpulm import cli, storage, tokenizer
+from tpulm import cli, storage
+from tpulm.data import tokenizer
+from tpulm.data.tokenizer import TokenizerConfig
 from tpulm.errors import TpulmError
-from tpulm.tokenizer import TokenizerConfig
 
 SPECIALS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
 
@@ -24,7 +25,15 @@ def trained(tmp_path_factory, wikitext_dir):
 
 def reference_tokenizer(lines: list[str], vocab_size: int):
     """The reference recipe's train_unigram.py, statement for statement."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
 
     tok = Tokenizer(models.Unigram())
     tok.normalizer = normalizers.Sequence([normalizers.Replace("``", '"'), normalizers.Replace("''", '"')])

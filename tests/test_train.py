@@ -7,12 +7,22 @@ import math
 
 import numpy as np
 import pytest
+from test_train_support import (
+    blocks,
+    make_tokenizer,
+    small_corpus,
+    wikitext_lines,
+    write_shards,
+)
 
-from test_train_support import blocks, make_tokenizer, small_corpus, wikitext_lines, write_shards
-from tpulm import config, rundir, shards, tokenizer
+from tpulm import config, rundir
 from tpulm.cli import main
+from tpulm.data import shards, tokenizer
 from tpulm.errors import TpulmError
-from tpulm.train import TrainConfig, fit_calls, run, steps_per_execution
+from tpulm.training import run
+
+# jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
+from tpulm.training.config import TrainConfig, fit_calls, steps_per_execution
 
 # jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
 QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
@@ -28,8 +38,9 @@ def _metrics(run_dir) -> list[dict]:
 
 
 def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys, caplog):
-    from tpulm.model import ModelConfig, build_model
-    from tpulm.weights import load
+    from tpulm.model.config import ModelConfig
+    from tpulm.model.roberta import build_model
+    from tpulm.model.weights import load
 
     caplog.set_level("INFO")
     run_dir = tmp_path / "run"
@@ -142,7 +153,7 @@ def test_fit_calls_align_segments_on_step_zero():
 
 def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
     """Shards with a manifest (tpulm data prepare): fingerprint checked, counts from the manifest."""
-    from tpulm import prepare
+    from tpulm.data import prepare
 
     text = tmp_path / "train.txt"
     text.write_text("\n".join(wikitext_lines(wikitext_dir, "valid", 150)), encoding="utf-8")

@@ -203,7 +203,9 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
     if unknown:
         raise TpulmError(
             f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(TABLES)}")
-    from tpulm import democorpus, hf, prepare, report, tokenizer, train
+    from tpulm import report, training
+    from tpulm.data import builtin_corpus, prepare, tokenizer
+    from tpulm.hf import export
 
     run = config.from_mapping(RunConfig, tables.get("run", {}), f"[run] of {where}")
     layout = Layout(run.work_dir)
@@ -214,30 +216,30 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
         prepare.PrepareConfig, None, tables.get("data", {}), f"[data] of {where}",
         tokenizer=layout.tokenizer, output=layout.data, **split_inputs(run, layout))
     train_cfg = config.resolve(
-        train.TrainConfig, None, tables.get("train", {}), f"[train] of {where}",
+        training.TrainConfig, None, tables.get("train", {}), f"[train] of {where}",
         train_data=storage.join(layout.data, "train"),
         eval_data=storage.join(layout.data, "validation"),
         tokenizer=layout.tokenizer, run_dir=layout.run)
     model_table = dict(tables.get("model", {}))
     builtin = run.corpus == "builtin"
 
-    stages = [Stage("corpus", lambda: democorpus.write_demo_corpus(layout.corpus),
+    stages = [Stage("corpus", lambda: builtin_corpus.write_demo_corpus(layout.corpus),
                     {"python": sys.version}, (layout.corpus,))] if builtin else []
     stages += [
         Stage("tokenizer", lambda: tokenizer.run(tok_cfg), config.as_table(tok_cfg),
               (layout.tokenizer,), ("corpus",) if builtin else ()),
         Stage("data", lambda: prepare.run(data_cfg), config.as_table(data_cfg), (layout.data,),
               ("tokenizer",)),
-        Stage("train", lambda: train.run(train_cfg, model_table),
+        Stage("train", lambda: training.run(train_cfg, model_table),
               {"train": config.as_table(train_cfg), "model": model_table}, (layout.run,),
               ("data",)),
-        Stage("export", lambda: hf.write_export(layout.run, layout.export, overwrite=True),
+        Stage("export", lambda: export.write_export(layout.run, layout.export, overwrite=True),
               {}, (layout.export,), ("train",)),
     ]
     if run.report:
         stages.append(Stage("report", lambda: report.run(layout.run), {}, (), ("train",)))
     prompts = run.fill_mask or (
-        tuple(prompt for prompt, _ in democorpus.FILL_MASK_PROMPTS) if builtin else ())
+        tuple(prompt for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS) if builtin else ())
     return Plan(run, layout, stages, prompts)
 
 
@@ -252,14 +254,14 @@ def run(tables: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, Any]:
     Returns:
         Each stage's result (None for skipped stages), and ``fill-mask``: the answers.
     """
-    from tpulm import infer
+    from tpulm import fill_mask
 
     resolved = plan(tables, where)
     results = execute(resolved.stages, resolved.run.work_dir)
     if resolved.prompts:
-        predictor = infer.load_predictor(resolved.layout.export)
-        answers = infer.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
+        predictor = fill_mask.load_predictor(resolved.layout.export)
+        answers = fill_mask.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
         for text, answer in zip(resolved.prompts, answers):
-            print(infer.format_result(text, answer), flush=True)
+            print(fill_mask.format_result(text, answer), flush=True)
         results["fill-mask"] = answers
     return results

@@ -1,6 +1,6 @@
 """Training reports: curves as a PNG and a self-contained HTML page, from a run dir's metrics.
 
-``run(run_dir)`` reads ``metrics.jsonl`` (format in ``tpulm.rundir``) and ``config.toml``, and
+``run(run_dir)`` reads ``metrics.jsonl`` (format and reader in ``tpulm.metrics_log``) and ``config.toml``, and
 writes two files into the run dir, each atomically:
 
 * ``report.png``: four panels over optimizer steps: loss (train and eval), masked-token accuracy
@@ -27,83 +27,15 @@ from typing import Any
 
 from tpulm import rundir, storage
 from tpulm.errors import TpulmError
+from tpulm.metrics_log import read_metrics
 
 log = logging.getLogger(__name__)
 
 PNG_NAME = "report.png"
 HTML_NAME = "report.html"
-# The figures every line of a split carries (besides split, step, time, tokens).
-FIELDS = {
-    "train": ("loss", "accuracy", "learning_rate", "tokens_per_second"),
-    "eval": ("loss", "accuracy", "perplexity"),
-}
-COMMON = ("step", "time", "tokens")
 # 1200 x 800 pixels: readable on a laptop screen and in a README.
 FIGSIZE = (12.0, 8.0)
 DPI = 100
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading metrics.jsonl
-
-
-def _parse_line(line: str, where: str) -> dict[str, Any] | None:
-    """One record, or None for a split this report does not know (the format may grow)."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise TpulmError(f"{where}: not valid JSON ({err.msg}); fix or delete this line") from None
-    if not isinstance(record, dict):
-        raise TpulmError(f"{where}: expected a JSON object, got {type(record).__name__}")
-    split = record.get("split")
-    if split not in FIELDS:
-        log.debug("%s: skipping split %r", where, split)
-        return None
-    for name in (*COMMON, *FIELDS[split]):
-        value = record.get(name)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TpulmError(f"{where}: {split} record needs a number {name!r}, got {value!r}")
-    if not isinstance(record["step"], int):
-        raise TpulmError(f"{where}: 'step' must be an integer, got {record['step']!r}")
-    return record
-
-
-def read_metrics(path: str) -> list[dict[str, Any]]:
-    """The train and eval records of a ``metrics.jsonl`` file, in file order.
-
-    Args:
-        path: the file, local or any ``tf.io.gfile`` scheme.
-
-    Returns:
-        One dict per train or eval line; lines of other splits are skipped.
-
-    Raises:
-        TpulmError: the file is missing, or a line is empty, not JSON or lacks a figure (the
-            message names the file and the line number). Only an unterminated last line, as a
-            run killed mid-write leaves, is skipped with a warning.
-    """
-    if not storage.exists(path):
-        raise TpulmError(f"{path} does not exist: train a model into this run dir first")
-    text = storage.read_text(path)
-    lines = text.split("\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        where = f"{path}:{number}"
-        last = number == len(lines)
-        if last and not line:
-            break  # the file ends with a newline, as it should
-        if not line.strip():
-            raise TpulmError(f"{where}: empty line; delete it")
-        try:
-            record = _parse_line(line, where)
-        except TpulmError:
-            if last:  # unterminated: the writer was killed in the middle of this line
-                log.warning("%s: skipping the unfinished last line", where)
-                break
-            raise
-        if record is not None:
-            records.append(record)
-    return records
 
 
 def history(records: Sequence[Mapping[str, Any]], split: str) -> list[Mapping[str, Any]]:

@@ -5,18 +5,15 @@ RUN_DIR/
   config.toml                    resolved settings; its [model] table rebuilds the model
   tokenizer/                     copy of the tokenizer folder the model was trained with
   checkpoints/ckpt-<step>/       one folder per checkpoint, written under a temporary name and
-    model.safetensors            renamed when complete (tpulm.weights format, keyed by variable path)
+    model.safetensors            renamed when complete (tpulm.model.weights format, keyed by variable path)
     optimizer.safetensors
     state.json                   step, epoch, data position, tokens seen, seed ...
-  metrics.jsonl                  one JSON object a line (see below)
+  metrics.jsonl                  one JSON object a line (tpulm.metrics_log)
   tensorboard/                   TensorBoard event files
   export/                        Transformers checkpoint written by `tpulm export`
 ```
 
-Each line of ``metrics.jsonl`` is ``{"split": "train" | "eval", "step": int, "time": seconds since
-the run started, "tokens": tokens seen so far, ...}`` plus the figures of that split:
-train lines carry ``loss``, ``accuracy``, ``learning_rate``, ``tokens_per_second``; eval lines
-carry ``loss``, ``accuracy``, ``perplexity`` (all over masked positions only).
+``metrics.jsonl``: format, writer and reader in :mod:`tpulm.metrics_log`.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from __future__ import annotations
 import re
 
 from tpulm import storage
+from tpulm.errors import TpulmError
 
 CONFIG_NAME = "config.toml"
 TOKENIZER_DIR = "tokenizer"
@@ -59,3 +57,22 @@ def latest_checkpoint(run_dir: str) -> tuple[int, str] | None:
     """The newest complete checkpoint as (step, folder), or None."""
     checkpoints = list_checkpoints(run_dir)
     return checkpoints[-1] if checkpoints else None
+
+
+def run_checkpoint(run_dir: str, step: int | None = None) -> tuple[int, str]:
+    """``(step, path of model.safetensors)`` of checkpoint ``step``, or of the latest one.
+
+    Args:
+        run_dir: a run dir (local or remote).
+        step: the checkpoint's step; None for the latest.
+    """
+    found = dict(list_checkpoints(run_dir))
+    if not found:
+        raise TpulmError(f"run dir {run_dir} has no checkpoint yet; train first (`tpulm train`)")
+    if step is None:
+        step = max(found)
+    elif step not in found:
+        raise TpulmError(
+            f"run dir {run_dir} has no checkpoint of step {step}; it has steps {sorted(found)}"
+        )
+    return step, storage.join(found[step], MODEL_WEIGHTS)

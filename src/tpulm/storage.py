@@ -9,12 +9,15 @@ interrupted run never leaves a half-written file under a final name.
 from __future__ import annotations
 
 import glob as _glob
+import json
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO
+from typing import IO, Any
+
+from tpulm.errors import TpulmError
 
 TMP_MARKER = ".tmp-"
 
@@ -164,3 +167,37 @@ def write_bytes(path: str, data: bytes) -> None:
 def write_text(path: str, text: str) -> None:
     """Atomically write ``text`` (UTF-8) to ``path``."""
     write_bytes(path, text.encode("utf-8"))
+
+
+def read_json(path: str, missing: Any = None) -> Any:
+    """The JSON value in ``path``; ``missing`` if there is no such file.
+
+    Raises:
+        TpulmError: the file is not valid JSON (the message names it).
+    """
+    if not exists(path):
+        return missing
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as err:
+        raise TpulmError(f"{path} is not valid JSON: {err}; fix or delete it") from None
+
+
+def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
+    """Atomically write ``value`` as indented UTF-8 JSON with a final newline."""
+    write_text(path, json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n")
+
+
+@contextmanager
+def atomic_folder(path: str, overwrite: bool) -> Iterator[str]:
+    """Yield a new temporary sibling folder that replaces ``path`` (by rename) once complete.
+
+    On error it is deleted, so no half-written folder appears under ``path``. A non-empty ``path``
+    is replaced only with ``overwrite``.
+    """
+    if exists(path) and (not isdir(path) or listdir(path)) and not overwrite:
+        raise TpulmError(
+            f"{path} already exists and is not empty; pass --overwrite or choose another folder")
+    with atomic_path(path) as tmp:
+        makedirs(tmp)
+        yield tmp

@@ -20,7 +20,6 @@ from tpulm import __version__
 from tpulm.errors import TpulmError
 
 
-
 def _command_modules() -> list:
     modules = [
         importlib.import_module(f"{__name__}.{info.name}")

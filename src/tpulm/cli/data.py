@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from tpulm import config
-from tpulm.inspect_shards import InspectConfig
-from tpulm.prepare import PrepareConfig
+from tpulm.data.inspect import InspectConfig
+from tpulm.data.prepare import PrepareConfig
 
 ORDER = 20
 
@@ -39,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from tpulm import prepare
+    from tpulm.data import prepare
 
     table = config.load_toml(args.config).get("data", {}) if args.config else {}
     where = f"[data] of {args.config}" if args.config else "the command line"
@@ -56,9 +56,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tpulm import inspect_shards
+    from tpulm.data import inspect
 
-    report = inspect_shards.run(config.resolve(InspectConfig, args, path=args.path))
+    report = inspect.run(config.resolve(InspectConfig, args, path=args.path))
     for split in report.splits:
         status = "OK" if not split.problems else f"{len(split.problems)} problem(s)"
         print(f"{split.path}: {status}: {split.shards} shards, {split.records} records, "

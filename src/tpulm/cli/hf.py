@@ -68,9 +68,9 @@ def _allow_options_between_texts(parser: argparse.ArgumentParser) -> None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from tpulm import hf
+    from tpulm.hf import export
 
-    out = hf.export(hf.ExportConfig(
+    out = export.export(export.ExportConfig(
         run_dir=args.run_dir, out_dir=args.out_dir, step=args.step, overwrite=args.overwrite,
         push_to_hub=args.push_to_hub, private=not args.public))
     print(out)
@@ -78,22 +78,22 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from tpulm import hf
+    from tpulm.hf import importer
 
-    print(hf.import_checkpoint(hf.ImportConfig(
+    print(importer.import_checkpoint(importer.ImportConfig(
         hf_dir=args.hf_dir, run_dir=args.run_dir, allow_pickle=args.allow_pickle,
         overwrite=args.overwrite)))
     return 0
 
 
 def _fill_mask(args: argparse.Namespace) -> int:
-    from tpulm import config, infer
+    from tpulm import config, fill_mask
 
     texts = args.texts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
-    settings = config.resolve(infer.FillMaskConfig, args, where="the command line",
+    settings = config.resolve(fill_mask.FillMaskConfig, args, where="the command line",
                               texts=tuple(texts))
-    results = infer.run(settings)
+    results = fill_mask.run(settings)
     for text, result in zip(settings.texts, results):
         print(json.dumps(result, ensure_ascii=False) if args.json
-              else infer.format_result(text, result))
+              else fill_mask.format_result(text, result))
     return 0

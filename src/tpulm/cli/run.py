@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.dataset:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
     tables = config.apply_overrides(config.load_toml(path), assignments)
-    from tpulm import backends
+    from tpulm.training import backends
 
     try:  # before any stage imports TensorFlow (and so Keras)
         backends.activate(tables.get("train", {}).get("backend"))

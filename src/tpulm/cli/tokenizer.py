@@ -1,11 +1,11 @@
-"""``tpulm tokenizer train``: parse settings and call :func:`tpulm.tokenizer.run`."""
+"""``tpulm tokenizer train``: parse settings and call :func:`tpulm.data.tokenizer.run`."""
 
 from __future__ import annotations
 
 import argparse
 
 from tpulm import config
-from tpulm.tokenizer import TokenizerConfig
+from tpulm.data.tokenizer import TokenizerConfig
 
 ORDER = 10
 
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tpulm import tokenizer
+    from tpulm.data import tokenizer
 
     table = config.load_toml(args.config).get("tokenizer", {}) if args.config else {}
     where = f"[tokenizer] of {args.config}" if args.config else "the command line"

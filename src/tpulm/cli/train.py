@@ -11,7 +11,7 @@ ORDER = 30
 
 def register(subparsers) -> None:
     """Add the train command."""
-    from tpulm.train import TrainConfig
+    from tpulm.training.config import TrainConfig
 
     parser = subparsers.add_parser(
         "train",
@@ -28,14 +28,15 @@ def register(subparsers) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from tpulm import backends, train
+    from tpulm import training
+    from tpulm.training import backends
 
-    cfg, model_table = train.table_from_args(args)
+    cfg, model_table = training.table_from_args(args)
     try:
         backends.activate(cfg.backend)  # before anything imports Keras or TensorFlow
     except backends.BackendMismatch as err:
         backends.reexec(err.wanted)  # Keras came in with another backend: start afresh
-    result = train.run(cfg, model_table)
+    result = training.run(cfg, model_table)
     lines = [
         f"run dir      {result.run_dir}",
         f"steps        {result.step} ({result.steps_this_session} this run)",

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, corpus, shards, storage, tokenizer
+from tpulm import config, storage
+from tpulm.data import corpus, shards, tokenizer
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)

@@ -19,9 +19,10 @@ import dataclasses
 
 import tensorflow as tf
 
-from tpulm import shards, storage
+from tpulm import storage
+from tpulm.data import shards
 from tpulm.errors import TpulmError
-from tpulm.masking import Masker
+from tpulm.training.masking import Masker
 
 AUTOTUNE = tf.data.AUTOTUNE
 _CYCLE_LENGTH = 16  # files read at once; TFRecord reads are I/O bound, gs:// especially

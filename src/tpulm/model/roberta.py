@@ -3,7 +3,7 @@
 
 Only ``keras.ops`` and ``keras.layers`` are used, so the JAX backend runs this code unchanged.
 Every sublayer has an explicit ``name=``: the resulting variable paths (``model.weights[i].path``)
-are the contract that checkpoints (:mod:`tpulm.weights`) and the Transformers weight map
+are the contract that checkpoints (:mod:`tpulm.model.weights`) and the Transformers weight map
 (:mod:`tpulm.hf`) rely on. Do not rename layers without updating ``tpulm.hf``.
 
 Model inputs are a dict::
@@ -18,66 +18,12 @@ and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 from keras import ops
 
-from tpulm import config
-from tpulm.errors import TpulmError
-
-PRESETS = ("tiny", "small", "base", "large")
-MODEL_NAME = "roberta_mlm"  # first component of every variable path
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Sizes of a RoBERTa masked language model (the ``[model]`` table of a config file)."""
-
-    vocab_size: int = dataclasses.field(
-        metadata={"help": "vocabulary size; always taken from the tokenizer", "cli": False})
-    hidden_size: int = config.setting(768, "width of the hidden states")
-    num_layers: int = config.setting(12, "number of transformer blocks")
-    num_heads: int = config.setting(12, "attention heads per block")
-    intermediate_size: int = config.setting(3072, "width of the feed-forward layer")
-    max_position_embeddings: int = config.setting(
-        514, "rows of the position table; RoBERTa uses pad_token_id + 1 of them as offset"
-    )
-    type_vocab_size: int = config.setting(1, "rows of the token-type table (RoBERTa: 1)")
-    pad_token_id: int = config.setting(1, "id of the padding token; always taken from the tokenizer")
-    layer_norm_eps: float = config.setting(1e-5, "LayerNorm epsilon")
-    hidden_dropout: float = config.setting(0.1, "dropout on embeddings and block outputs")
-    attention_dropout: float = config.setting(0.1, "dropout on attention probabilities")
-    initializer_range: float = config.setting(0.02, "stddev of the truncated-normal initializer")
-
-    def __post_init__(self) -> None:
-        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "max_position_embeddings", "type_vocab_size")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
-            )
-        if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside vocab_size {self.vocab_size}")
-        if self.max_positions < 1:
-            raise ValueError(
-                f"max_position_embeddings {self.max_position_embeddings} leaves no position after "
-                f"the offset pad_token_id + 1 = {self.pad_token_id + 1}"
-            )
-        for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
-        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("layer_norm_eps and initializer_range must be positive")
-
-    @property
-    def max_positions(self) -> int:
-        """Longest sequence the model accepts: RoBERTa's positions start at pad_token_id + 1."""
-        return self.max_position_embeddings - self.pad_token_id - 1
+from tpulm.model.config import MODEL_NAME, ModelConfig
 
 
 def _initializer(cfg_range: float) -> keras.initializers.Initializer:
@@ -375,87 +321,3 @@ def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> keras.Model:
     model = RobertaMaskedLM(**dataclasses.asdict(cfg), name=MODEL_NAME, dtype=dtype)
     model.build()
     return model
-
-
-def preset_path(name: str) -> str:
-    """Path of the shipped preset ``name`` (tiny, small, base, large)."""
-    from importlib import resources
-
-    return str(resources.files("tpulm") / "configs" / f"{name}.toml")
-
-
-def model_table(path: str) -> dict[str, Any]:
-    """The ``[model]`` table of a TOML config file (local or remote); empty if it has none."""
-    table = config.load_toml(path).get("model", {})
-    if not isinstance(table, dict):
-        raise TpulmError(f"[model] in {path} must be a table")
-    return dict(table)
-
-
-def load_model_preset(name_or_path: str) -> dict[str, Any]:
-    """The ``[model]`` table of a preset name (tiny, small, base, large) or a TOML file path.
-
-    The table never holds ``vocab_size`` or ``pad_token_id`` for presets: those come from the
-    tokenizer; combine with ``config.resolve(ModelConfig, table=..., vocab_size=...)``.
-
-    Args:
-        name_or_path: a preset name or the path of a TOML file with a ``[model]`` table.
-    """
-    if name_or_path in PRESETS:
-        return model_table(preset_path(name_or_path))
-    from tpulm import storage
-
-    if not storage.exists(name_or_path):
-        raise TpulmError(
-            f"model preset {name_or_path!r} is neither one of {', '.join(PRESETS)} nor a file"
-        )
-    return model_table(name_or_path)
-
-
-def run_model_config(run_dir: str) -> ModelConfig:
-    """The model config of a run dir: its ``config.toml`` ``[model]`` table, checked against the
-    run's tokenizer (``vocab_size`` and ``pad_token_id`` are filled in from it when absent).
-
-    Args:
-        run_dir: a run dir (local or remote), see :mod:`tpulm.rundir`.
-    """
-    from tpulm import rundir, storage, tokenizer
-
-    path = storage.join(run_dir, rundir.CONFIG_NAME)
-    if not storage.exists(path):
-        raise TpulmError(f"{run_dir} is not a run dir: it has no {rundir.CONFIG_NAME}")
-    table = model_table(path)
-    tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
-    special = tokenizer.special_tokens(tok_dir)
-    vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
-    table.setdefault("vocab_size", vocab)
-    table.setdefault("pad_token_id", special.pad_id)
-    cfg = config.from_mapping(ModelConfig, table, f"[model] of {path}")
-    if cfg.pad_token_id != special.pad_id or cfg.vocab_size < vocab:
-        raise TpulmError(
-            f"[model] of {path} (vocab_size {cfg.vocab_size}, pad_token_id {cfg.pad_token_id}) "
-            f"does not fit the tokenizer in {tok_dir} (vocab size {vocab}, pad id "
-            f"{special.pad_id}); the run dir is inconsistent"
-        )
-    return cfg
-
-
-def run_checkpoint(run_dir: str, step: int | None = None) -> tuple[int, str]:
-    """``(step, path of model.safetensors)`` of checkpoint ``step``, or of the latest one.
-
-    Args:
-        run_dir: a run dir (local or remote).
-        step: the checkpoint's step; None for the latest.
-    """
-    from tpulm import rundir, storage
-
-    found = dict(rundir.list_checkpoints(run_dir))
-    if not found:
-        raise TpulmError(f"run dir {run_dir} has no checkpoint yet; train first (`tpulm train`)")
-    if step is None:
-        step = max(found)
-    elif step not in found:
-        raise TpulmError(
-            f"run dir {run_dir} has no checkpoint of step {step}; it has steps {sorted(found)}"
-        )
-    return step, storage.join(found[step], rundir.MODEL_WEIGHTS)

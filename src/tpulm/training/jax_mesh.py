@@ -1,6 +1,6 @@
 """Device meshes for Keras' JAX backend: data parallelism, sharded weights, multi-host pods.
 
-``tpulm.distribute`` finds this module through its strategy registry when Keras runs on JAX.
+``tpulm.training.strategies`` finds this module through its strategy registry when Keras runs on JAX.
 Without ``--mesh`` every device holds a replica (``keras.distribution.DataParallel``); with
 ``--mesh data=D,model=M`` the devices form a D x M mesh (``ModelParallel``): the batch is split
 over ``data`` and the large weights over ``model`` (:func:`layout_map`), each device holding
@@ -8,7 +8,7 @@ over ``data`` and the large weights over ``model`` (:func:`layout_map`), each de
 
 On a multi-host TPU pod slice the same command runs on every host; ``jax.distributed`` joins
 them into one program (:func:`initialize_cluster`), and each host reads its own share of the
-shard files (``distribute_datasets_from_function`` hands ``tpulm.inputs`` an ``InputContext``
+shard files (``distribute_datasets_from_function`` hands ``tpulm.training.inputs`` an ``InputContext``
 with one input pipeline per process), assembled into global batches by Keras.
 
 :class:`MeshStrategy` offers the small part of the ``tf.distribute.Strategy`` interface the
@@ -90,7 +90,7 @@ def layout_rules(model_cfg, model_parallel: int) -> dict[str, tuple[str | None, 
     Raises:
         TpulmError: hidden or intermediate size not divisible by the ``model`` axis.
     """
-    from tpulm.model import MODEL_NAME
+    from tpulm.model.config import MODEL_NAME
 
     for name in ("hidden_size", "intermediate_size"):
         if getattr(model_cfg, name) % model_parallel:
@@ -244,7 +244,7 @@ def build(placement) -> MeshStrategy:
     """Join the cluster if asked, make the mesh and set it as Keras' global distribution.
 
     Args:
-        placement: a ``tpulm.distribute.Placement``; ``mesh`` (``data=D,model=M``) selects
+        placement: a ``tpulm.training.strategies.Placement``; ``mesh`` (``data=D,model=M``) selects
             ``ModelParallel`` and ``model`` (a ``ModelConfig``) sizes its layout map.
     """
     import jax

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, rundir, storage, weights
+from tpulm import config, rundir, storage
+from tpulm.data.tokenizer import TOKENIZER_CONFIG_FILE, load_tokenizer, special_tokens
 from tpulm.errors import TpulmError
-from tpulm.tokenizer import TOKENIZER_CONFIG_FILE, load_tokenizer, special_tokens
+from tpulm.model import weights
 
 BATCH_SIZE = 32
 # Transformers' ``clean_up_tokenization`` (applied when tokenizer_config.json asks for it).
@@ -63,7 +64,7 @@ def _parent(path: str) -> str:
 def _locate(path: str, step: int | None) -> tuple[str, str, str]:
     """``(kind, weights file, tokenizer dir)`` for a run dir, checkpoint or export folder."""
     if storage.exists(storage.join(path, rundir.CONFIG_NAME)):
-        from tpulm.model import run_checkpoint
+        from tpulm.rundir import run_checkpoint
 
         return "run", run_checkpoint(path, step)[1], storage.join(path, rundir.TOKENIZER_DIR)
     run_dir = _parent(_parent(path))
@@ -71,10 +72,10 @@ def _locate(path: str, step: int | None) -> tuple[str, str, str]:
             storage.join(run_dir, rundir.CONFIG_NAME)):
         return ("checkpoint", storage.join(path, rundir.MODEL_WEIGHTS),
                 storage.join(run_dir, rundir.TOKENIZER_DIR))
-    from tpulm import hf
+    from tpulm.hf import folder
 
-    if storage.exists(storage.join(path, hf.CONFIG_FILE)):
-        return "export", storage.join(path, hf.WEIGHTS_FILE), path
+    if storage.exists(storage.join(path, folder.CONFIG_FILE)):
+        return "export", storage.join(path, folder.WEIGHTS_FILE), path
     raise TpulmError(
         f"{path} is neither a run dir (config.toml), a checkpoint folder of one, nor an exported "
         "Transformers folder (config.json)")
@@ -87,14 +88,15 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
         path: the folder (local or remote).
         step: checkpoint step when ``path`` is a run dir; None for the latest.
     """
-    from tpulm import hf
-    from tpulm.model import build_model, run_model_config
+    from tpulm.hf import convert, folder
+    from tpulm.model.config import run_model_config
+    from tpulm.model.roberta import build_model
 
     kind, weights_path, tok_dir = _locate(path, step)
     if kind == "export":
-        config_path = storage.join(path, hf.CONFIG_FILE)
-        cfg = hf.model_config_from_hf(json.loads(storage.read_text(config_path)), config_path)
-        arrays = hf.hf_to_keras(hf.read_hf_weights(path), cfg, path)
+        config_path = storage.join(path, folder.CONFIG_FILE)
+        cfg = convert.model_config_from_hf(json.loads(storage.read_text(config_path)), config_path)
+        arrays = convert.hf_to_keras(folder.read_hf_weights(path), cfg, path)
     else:
         cfg = run_model_config(path if kind == "run" else _parent(_parent(path)))
         arrays = weights.read(weights_path)

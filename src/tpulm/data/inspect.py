@@ -13,7 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from tpulm import config, shards, storage, tokenizer
+from tpulm import config, storage
+from tpulm.data import shards, tokenizer
 from tpulm.errors import TpulmError
 
 
@@ -69,7 +70,7 @@ def _split_dirs(path: str) -> list[str]:
 
 
 def _check_names(report: SplitReport, files: list[str]) -> None:
-    from tpulm.prepare import PROGRESS_NAME
+    from tpulm.data.prepare import PROGRESS_NAME
 
     indices = [shards.parse_shard_name(f)[0] for f in files]
     if indices != list(range(len(indices))):

@@ -11,9 +11,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import config, rundir, storage, tokenizer
+from tpulm import config, rundir, storage
+from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
-from tpulm.inputs import ShardSet
+from tpulm.training.inputs import ShardSet
 
 log = logging.getLogger(__name__)
 _ID_SCAN_RECORDS = 2000  # records scanned for out-of-vocabulary ids when a split has no manifest
@@ -55,7 +56,7 @@ def resolve_model(
         vocab_size: the tokenizer's vocabulary size.
         pad_id: the tokenizer's pad id.
     """
-    from tpulm.model import ModelConfig, load_model_preset
+    from tpulm.model.config import ModelConfig, load_model_preset
 
     table = {**load_model_preset(preset), **overrides, "vocab_size": vocab_size, "pad_token_id": pad_id}
     wanted = config.from_mapping(ModelConfig, table, f"model {preset!r}")
@@ -114,7 +115,7 @@ def _largest_id(shard_set: ShardSet) -> int:
     """Largest token id in the first records of the first shard (splits without a manifest)."""
     import tensorflow as tf
 
-    from tpulm.shards import feature_spec
+    from tpulm.data.shards import feature_spec
 
     ds = tf.data.TFRecordDataset(shard_set.files[0]).take(_ID_SCAN_RECORDS).batch(_ID_SCAN_RECORDS)
     try:

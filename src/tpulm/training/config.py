@@ -1,10 +1,10 @@
-"""Train a masked language model from shards: ``run(TrainConfig) -> TrainResult``.
+"""Settings and results of ``tpulm train``, and the arithmetic of its segments.
 
 The loop is Keras ``model.fit`` with a custom loss and metrics (``keras.ops`` only), so the JAX
 backend reuses it. Keras "epochs" are *segments* of ``gcd(log_every, eval_every,
 checkpoint_every)`` update steps aligned on step 0: at the end of a segment the callbacks log
 train metrics, evaluate and checkpoint when due, so a run resumed from any checkpoint lands on
-the same segment boundaries as an uninterrupted one. Data epochs are handled by ``tpulm.inputs``
+the same segment boundaries as an uninterrupted one. Data epochs are handled by ``tpulm.training.inputs``
 (an endless, deterministic stream resumable at any batch).
 """
 
@@ -14,12 +14,12 @@ import dataclasses
 import logging
 import math
 import sys
-from collections.abc import Mapping
 from typing import Any
 
-from tpulm import backends, config
-from tpulm.distribute import JIT_MODES, PRECISIONS
+from tpulm import config
 from tpulm.errors import TpulmError
+from tpulm.training import backends
+from tpulm.training.strategies import JIT_MODES, PRECISIONS
 
 log = logging.getLogger(__name__)
 setting = config.setting
@@ -120,31 +120,6 @@ class TrainResult:
     peak_flops: float
     eval: dict[str, float] | None
     checkpoint: str | None
-
-
-def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult:
-    """Train (or resume) the run in ``cfg.run_dir``.
-
-    Args:
-        cfg: training settings.
-        model: a ``[model]`` table overriding the preset named by ``cfg.model`` (sizes only;
-            vocab size and pad id come from the tokenizer).
-
-    Returns:
-        What was done; see ``TrainResult``.
-
-    Raises:
-        backends.BackendMismatch: Keras was imported with another backend than ``cfg.backend``.
-    """
-    backends.activate(cfg.backend)  # before tpulm.trainer imports Keras
-    from tpulm import hf, trainer
-
-    if cfg.push_to_hub:  # offline or no token: say so before hours of training, not after
-        hf.check_hub_access(cfg.push_to_hub)
-    result = trainer.Trainer(cfg, dict(model or {})).fit()
-    if cfg.push_to_hub:
-        hf.export(hf.ExportConfig(run_dir=cfg.run_dir, overwrite=True, push_to_hub=cfg.push_to_hub))
-    return result
 
 
 def table_from_args(args) -> tuple[TrainConfig, dict[str, Any]]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import logging
 
-from tpulm import rundir, storage, weights
+from tpulm import rundir, storage
 from tpulm.errors import TpulmError
+from tpulm.model import weights
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Strategies are found through a registry of (name, applies, build) entries tried 
 when ``--tpu`` is given, ``MultiWorkerMirroredStrategy`` when ``TF_CONFIG`` names a cluster,
 ``MirroredStrategy`` over several GPUs, else the default single device (CPU or one GPU; nothing
 is hard-coded). On Keras' JAX backend the ``jax_mesh`` entry applies instead: a device mesh
-(``tpulm.distribute_jax``).
+(``tpulm.training.jax_mesh``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 
 from tpulm.errors import TpulmError
+from tpulm.training import flops
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +94,9 @@ def _on_jax(placement: Placement) -> bool:
 
 
 def _jax_mesh(placement: Placement):
-    from tpulm import distribute_jax
+    from tpulm.training import jax_mesh
 
-    return distribute_jax.build(placement)
+    return jax_mesh.build(placement)
 
 
 def _has_cluster(_: Placement) -> bool:
@@ -216,9 +217,8 @@ def peak_flops(strategy) -> float:
     """Peak FLOP/s for MFU: a matmul measured on the strategy's devices, all of them together."""
     if hasattr(strategy, "peak_flops"):  # a JAX mesh measures its own devices
         return strategy.peak_flops()
-    from tpulm import metrics
 
-    return metrics.matmul_flops() * strategy.num_replicas_in_sync
+    return flops.matmul_flops() * strategy.num_replicas_in_sync
 
 
 def densify(values: list) -> list:

@@ -1,6 +1,6 @@
 """Train, save and load tokenizers (Hugging Face ``tokenizers``), and fingerprint them.
 
-``run(TokenizerConfig(...))`` streams a corpus (see :mod:`tpulm.corpus`), trains one of the
+``run(TokenizerConfig(...))`` streams a corpus (see :mod:`tpulm.data.corpus`), trains one of the
 registered models (``MODELS``: the reference Unigram recipe, byte-level BPE, WordPiece) and saves a
 folder that ``transformers.AutoTokenizer.from_pretrained`` loads: ``tokenizer.json``,
 ``tokenizer_config.json`` and ``special_tokens_map.json``. transformers itself is not needed to
@@ -15,9 +15,9 @@ import json
 import time
 from collections.abc import Callable, Iterator
 
-from tpulm import config, corpus, storage
+from tpulm import config, storage
+from tpulm.data import corpus
 from tpulm.errors import TpulmError
-
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
@@ -76,7 +76,14 @@ class Recipe:
 
 def _build_unigram(vocab_size: int, tokens: list, unk: str):
     """The reference recipe: Unigram, ``` `` ``` and ``''`` -> ``"``, Metaspace."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.Unigram())
     tokenizer.normalizer = normalizers.Sequence(
@@ -107,7 +114,14 @@ def _build_bpe(vocab_size: int, tokens: list, unk: str):
 
 def _build_wordpiece(vocab_size: int, tokens: list, unk: str):
     """Cased BERT-style WordPiece."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.WordPiece(unk_token=unk))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)

@@ -8,12 +8,22 @@ import time
 
 import numpy as np
 
-from tpulm import checkpoint, distribute, inputs, metrics, preflight, rundir, schedule, tokenizer
-from tpulm.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor
+from tpulm import rundir
 from tpulm.config import as_table
+from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
-from tpulm.masking import Masker, max_predictions
-from tpulm.train import (
+from tpulm.metrics_log import MetricsLog
+from tpulm.training import (
+    checkpoint,
+    flops,
+    inputs,
+    objective,
+    preflight,
+    schedule,
+    strategies,
+)
+from tpulm.training.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor
+from tpulm.training.config import (
     TrainConfig,
     TrainResult,
     fit_calls,
@@ -21,6 +31,7 @@ from tpulm.train import (
     segment_length,
     steps_per_execution,
 )
+from tpulm.training.masking import Masker, max_predictions
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +48,10 @@ class Trainer:
         import tensorflow as tf
 
         self.cfg = cfg
-        distribute.configure_cpu_threads()  # first: before any TensorFlow op runs
+        strategies.configure_cpu_threads()  # first: before any TensorFlow op runs
         if cfg.deterministic:
             tf.config.experimental.enable_op_determinism()
-        distribute.set_precision(cfg.precision)
+        strategies.set_precision(cfg.precision)
         self.tokenizer_dir = preflight.resolve_tokenizer(cfg.run_dir, cfg.tokenizer)
         self.special = tokenizer.special_tokens(self.tokenizer_dir)
         vocab = tokenizer.load_tokenizer(self.tokenizer_dir).get_vocab_size()
@@ -57,9 +68,9 @@ class Trainer:
             mask_token_rate=cfg.mask_token_rate,
             random_token_rate=cfg.random_token_rate,
         )
-        placement = distribute.Placement(
+        placement = strategies.Placement(
             cfg.tpu, cfg.tpu_zone, cfg.gcp_project, mesh=cfg.mesh, model=self.model_cfg)
-        self.strategy, self.strategy_name = distribute.make_strategy(placement)
+        self.strategy, self.strategy_name = strategies.make_strategy(placement)
         self.global_batch = cfg.batch_size * self.strategy.num_replicas_in_sync
         self.accumulation = cfg.gradient_accumulation
         self.total_steps = self._total_steps()
@@ -100,7 +111,7 @@ class Trainer:
         """Model and built optimizer in the strategy scope, restored from the run dir if any."""
         import keras
 
-        from tpulm.model import build_model
+        from tpulm.model.roberta import build_model
 
         keras.utils.set_random_seed(self.cfg.seed)
         with self.strategy.scope():
@@ -122,13 +133,13 @@ class Trainer:
         return model, optimizer, lr, state
 
     def _compile(self, model, optimizer, calls) -> None:
-        jit = distribute.use_xla(self.strategy, self.cfg.jit_compile)
+        jit = strategies.use_xla(self.strategy, self.cfg.jit_compile)
         spe = steps_per_execution(self.cfg, calls, self.total_steps, self.accumulation)
         with self.strategy.scope():
             model.compile(
                 optimizer=optimizer,
-                loss=metrics.MaskedLMLoss(),
-                weighted_metrics=metrics.weighted_metrics(),
+                loss=objective.MaskedLMLoss(),
+                weighted_metrics=objective.weighted_metrics(),
                 jit_compile=jit,
                 steps_per_execution=spe,
             )
@@ -152,7 +163,7 @@ class Trainer:
             )
 
         make_eval = evaluate if self.eval_set is not None else None
-        if distribute.needs_input_pipelines(self.strategy):
+        if strategies.needs_input_pipelines(self.strategy):
             spread = self.strategy.distribute_datasets_from_function
             return spread(train), spread(make_eval) if make_eval else None
         return train(), make_eval() if make_eval else None
@@ -169,7 +180,7 @@ class Trainer:
             self.cfg.run_dir, self.tokenizer_dir,
             {"model": as_table(self.model_cfg), "train": as_table(self.cfg)},
         )
-        self.log = metrics.MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
+        self.log = MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
         self.last_eval, self.overhead, self.last_checkpoint, self.marks = None, 0.0, None, []
         calls = fit_calls(start, self.total_steps, self.segment)
         self._compile(model, optimizer, calls)
@@ -269,12 +280,12 @@ class Trainer:
 
     def _summary(self, start: int, started: float, tps: float) -> TrainResult:
         steps = self.total_steps - start
-        seq_flops = metrics.train_flops_per_sequence(
+        seq_flops = flops.train_flops_per_sequence(
             self.model_cfg, self.train_set.max_length, self.masker.num_predictions
         )
         achieved = tps / self.train_set.max_length * seq_flops
         peak = (self.cfg.peak_tflops * 1e12 if self.cfg.peak_tflops
-                else distribute.peak_flops(self.strategy))
+                else strategies.peak_flops(self.strategy))
         latest = rundir.latest_checkpoint(self.cfg.run_dir)
         result = TrainResult(
             run_dir=self.cfg.run_dir, step=self.total_steps, steps_this_session=steps,

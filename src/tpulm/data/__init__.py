@@ -1,0 +1,1 @@
+"""Data: corpus sources, the built-in corpus, tokenizers, the shard format, prepare and inspect."""

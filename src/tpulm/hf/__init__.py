@@ -1,0 +1,1 @@
+"""Hugging Face Transformers interop: the conversion map, folders, export, import and the Hub."""

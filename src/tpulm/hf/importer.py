@@ -1,0 +1,52 @@
+"""``tpulm import``: a Transformers folder -> a run dir that ``tpulm train`` continues from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpulm import config, rundir, storage
+from tpulm.data.tokenizer import TOKENIZER_FILE, special_tokens
+from tpulm.errors import TpulmError
+from tpulm.hf import folder
+from tpulm.hf.convert import hf_to_keras, model_config_from_hf
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    """Settings of ``tpulm import``."""
+
+    hf_dir: str = config.setting("", "Transformers RobertaForMaskedLM folder")
+    run_dir: str = config.setting("", "run dir to create")
+    allow_pickle: bool = config.setting(False, "allow reading pytorch_model.bin (a pickle)")
+    overwrite: bool = config.setting(False, "replace RUN_DIR if it exists")
+
+
+def import_checkpoint(settings: ImportConfig) -> str:
+    """Convert a Transformers checkpoint into a run dir (``config.toml``, ``tokenizer/``,
+    ``checkpoints/ckpt-000000000/model.safetensors``), written atomically.
+
+    Args:
+        settings: source folder, run dir, and whether pickles may be read.
+
+    Returns:
+        The path of the written ``model.safetensors``.
+    """
+    hf_dir, run_dir = settings.hf_dir, settings.run_dir
+    hf_cfg, config_path = folder.read_config(hf_dir)
+    model_cfg = model_config_from_hf(hf_cfg, config_path)
+    if not storage.exists(storage.join(hf_dir, TOKENIZER_FILE)):
+        raise TpulmError(f"{hf_dir} has no {TOKENIZER_FILE}; tpulm needs the fast tokenizer "
+                         "(save it with a recent transformers: tokenizer.save_pretrained)")
+    arrays = hf_to_keras(folder.read_hf_weights(hf_dir, settings.allow_pickle), model_cfg, hf_dir)
+    with storage.atomic_folder(run_dir, settings.overwrite) as tmp:
+        tok_dir = storage.join(tmp, rundir.TOKENIZER_DIR)
+        folder.write_tokenizer(hf_dir, tok_dir, model_cfg.max_positions)
+        pad_id = special_tokens(tok_dir).pad_id
+        if pad_id != model_cfg.pad_token_id:
+            raise TpulmError(
+                f"{config_path} says pad_token_id {model_cfg.pad_token_id} but its tokenizer's pad "
+                f"token has id {pad_id}; positions depend on it: fix {folder.CONFIG_FILE}")
+        storage.write_text(storage.join(tmp, rundir.CONFIG_NAME),
+                           config.to_toml({"model": config.as_table(model_cfg)}))
+        folder.save_safetensors(rundir.checkpoint_dir(tmp, 0), rundir.MODEL_WEIGHTS, arrays)
+    return storage.join(rundir.checkpoint_dir(run_dir, 0), rundir.MODEL_WEIGHTS)

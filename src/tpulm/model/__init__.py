@@ -1,0 +1,1 @@
+"""Models: the Keras-free ``ModelConfig`` and presets (``config``), the networks, weight files."""

@@ -1,0 +1,35 @@
+"""``run(TrainConfig) -> TrainResult``: train a masked language model from shards."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tpulm.training import backends
+from tpulm.training.config import TrainConfig, TrainResult
+
+
+def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult:
+    """Train (or resume) the run in ``cfg.run_dir``.
+
+    Args:
+        cfg: training settings.
+        model: a ``[model]`` table overriding the preset named by ``cfg.model`` (sizes only;
+            vocab size and pad id come from the tokenizer).
+
+    Returns:
+        What was done; see ``TrainResult``.
+
+    Raises:
+        backends.BackendMismatch: Keras was imported with another backend than ``cfg.backend``.
+    """
+    backends.activate(cfg.backend)  # before tpulm.training.loop imports Keras
+    from tpulm.hf import export, hub
+    from tpulm.training import loop
+
+    if cfg.push_to_hub:  # offline or no token: say so before hours of training, not after
+        hub.check_hub_access(cfg.push_to_hub)
+    result = loop.Trainer(cfg, dict(model or {})).fit()
+    if cfg.push_to_hub:
+        export.export(export.ExportConfig(run_dir=cfg.run_dir, overwrite=True, push_to_hub=cfg.push_to_hub))
+    return result
