@@ -3,7 +3,7 @@
 The training benchmark's config (``train_throughput.py``): 4 layers, hidden 256, 4 heads, FFN
 1024, vocab 8192 (Unigram tokenizer on WikiText-2), sequences of 128, batch 32, AdamW, 15%
 masking, fp32, on this machine's CPU (one device). Both backends train from the same shards through
-the same ``tpulm.train.run`` (tf.data input pipeline on both); each runs in a child process of its
+the same ``tpulm.training.run`` (tf.data input pipeline on both); each runs in a child process of its
 own, since Keras fixes its backend at import. Rounds alternate the backends (the machine is
 shared and noisy) and the best round of each counts. Prints tokens/s, MFU against the best fp32
 (2048, 2048) matmul either framework measured in the same run, and the JAX / TF ratio.

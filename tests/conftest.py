@@ -1,4 +1,4 @@
-"""Shared fixtures: real text from ../shared/data, offline Hugging Face libraries."""
+"""Shared fixtures: real text kept in tests/data, offline Hugging Face libraries."""
 
 from __future__ import annotations
 
@@ -11,14 +11,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+TEST_DATA = Path(__file__).resolve().parent / "data"
 
 
 @pytest.fixture(scope="session")
 def wikitext_dir() -> Path:
     """The WikiText-2 validation and test splits (real English text, one sample per line)."""
-    path = SHARED_DATA / "wikitext-2"
+    path = TEST_DATA / "wikitext-2"
     if not (path / "valid.txt").exists():
-        pytest.fail(f"real test text missing: {path}/valid.txt (the shared/ folder beside the repo)")
+        pytest.fail(f"real test text missing: {path}/valid.txt (part of the repository)")
     return path

@@ -7,7 +7,8 @@ from importlib import resources
 
 import pytest
 
-from tpulm import config, model, pipeline
+from tpulm import config, pipeline
+from tpulm.model import config as model
 
 SHIPPED = sorted(p.name for p in (resources.files("tpulm") / "configs").iterdir()
                  if p.name.endswith(".toml"))

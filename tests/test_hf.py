@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 import keras  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
-from test_model_support import (  # noqa: E402
+from support.models import (  # noqa: E402
     hf_model,
     make_run_dir,
     packed_batch,

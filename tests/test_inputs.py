@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_train_support import blocks, make_tokenizer, wikitext_lines, write_shards
+from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
 from tpulm.data.tokenizer import special_tokens
 from tpulm.errors import TpulmError

@@ -1,4 +1,4 @@
-"""Training on Keras' JAX backend, in subprocesses with 4 virtual CPU devices (see jax_support).
+"""Training on Keras' JAX backend, in subprocesses with 4 virtual CPU devices (see support/jax_runs.py).
 
 * 1 device, 4-way DataParallel and a 2x2 (data, model) mesh give the same losses and weights.
 * The same weights give the same logits on TensorFlow and JAX.
@@ -16,7 +16,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from jax_support import (
+from support.jax_runs import (
     DEVICES,
     SRC,
     corpus,

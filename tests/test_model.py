@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import keras  # noqa: E402
-from test_model_support import (  # noqa: E402
+from support.models import (  # noqa: E402
     PAD_ID,
     hf_model,
     packed_batch,

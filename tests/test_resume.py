@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_train_support import small_corpus
+from support.training import small_corpus
 
 from tpulm import rundir
 

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from test_train_support import (
+from support.training import (
     blocks,
     make_tokenizer,
     small_corpus,

@@ -29,6 +29,8 @@ from tpulm.errors import TpulmError
 T = TypeVar("T")
 
 SCALARS = (bool, int, float, str)
+# The tables of a root config file (``tpulm run``); each stage's command reads its own from it.
+TABLES = ("run", "tokenizer", "data", "model", "train", "evaluate")
 
 
 def setting(default: Any, help: str, **kwargs: Any) -> Any:
@@ -86,6 +88,15 @@ def _coerce(value: Any, tp: Any, name: str, where: str) -> Any:
     return value
 
 
+def check_choices(obj: Any) -> None:
+    """Enforce the ``choices`` of every field of a settings dataclass; call it in ``__post_init__``."""
+    for field in dataclasses.fields(obj):
+        choices, value = field.metadata.get("choices"), getattr(obj, field.name)
+        if choices and value is not None and value not in choices:
+            raise TpulmError(
+                f"{field.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
 def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     """Build ``cls`` from ``data``; unknown keys and wrong types are errors naming ``where``."""
     types_ = _field_types(cls)
@@ -98,6 +109,28 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
         return cls(**values)
     except (TypeError, ValueError) as err:
         raise TpulmError(f"invalid settings in {where}: {err}") from None
+
+
+def load_tables(path: str) -> dict[str, dict[str, Any]]:
+    """The tables of a config file: any of ``TABLES``; another table is an error naming the file."""
+    tables = load_toml(path)
+    unknown = sorted(set(tables) - set(TABLES))
+    if unknown:
+        raise TpulmError(
+            f"unknown table(s) {', '.join(unknown)} in {path}; known: {', '.join(TABLES)}")
+    for name, table in tables.items():
+        if not isinstance(table, dict):
+            raise TpulmError(f"[{name}] in {path} must be a table")
+    return tables
+
+
+def from_args(cls: type[T], args: argparse.Namespace, table: str, **overrides: Any) -> T:
+    """The one ``--config`` loader of the stage commands: defaults < the ``[table]`` of the file
+    ``args.config`` (a stage file or a whole ``tpulm run`` config) < flags < ``overrides``."""
+    path = getattr(args, "config", None)
+    tables = load_tables(path) if path else {}
+    where = f"[{table}] of {path}" if path else "the command line"
+    return resolve(cls, args, tables.get(table, {}), where=where, **overrides)
 
 
 def _flag(name: str) -> str:

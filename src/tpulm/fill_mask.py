@@ -8,7 +8,6 @@ per mask (each filled on its own, the other masks left in ``sequence``, as the p
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from tpulm import config, rundir, storage
-from tpulm.data.tokenizer import TOKENIZER_CONFIG_FILE, load_tokenizer, special_tokens
+from tpulm.data.tokenizer import open_folder
 from tpulm.errors import TpulmError
 from tpulm.model import weights
 
@@ -44,7 +43,7 @@ class FillMaskConfig:
 class Predictor:
     """A loaded model with its tokenizer, ready for :func:`fill_mask`."""
 
-    model: Any  # keras.Model from tpulm.model.build_model
+    model: Any  # keras.Model from tpulm.model.roberta.build_model
     tokenizer: Any  # tokenizers.Tokenizer
     mask_id: int
     pad_id: int
@@ -94,19 +93,17 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
 
     kind, weights_path, tok_dir = _locate(path, step)
     if kind == "export":
-        config_path = storage.join(path, folder.CONFIG_FILE)
-        cfg = convert.model_config_from_hf(json.loads(storage.read_text(config_path)), config_path)
+        cfg = convert.model_config_from_hf(*folder.read_config(path))
         arrays = convert.hf_to_keras(folder.read_hf_weights(path), cfg, path)
     else:
         cfg = run_model_config(path if kind == "run" else _parent(_parent(path)))
         arrays = weights.read(weights_path)
     model = build_model(cfg, dtype="float32")
     weights.assign(model.weights, arrays, weights_path)
-    special = special_tokens(tok_dir)
-    tok_config = json.loads(storage.read_text(storage.join(tok_dir, TOKENIZER_CONFIG_FILE)))
-    return Predictor(model=model, tokenizer=load_tokenizer(tok_dir), mask_id=special.mask_id,
-                     pad_id=special.pad_id, max_length=cfg.max_positions,
-                     clean_up_spaces=bool(tok_config.get("clean_up_tokenization_spaces", False)))
+    tok = open_folder(tok_dir)
+    return Predictor(model=model, tokenizer=tok.tokenizer, mask_id=tok.special.mask_id,
+                     pad_id=tok.special.pad_id, max_length=cfg.max_positions,
+                     clean_up_spaces=bool(tok.settings.get("clean_up_tokenization_spaces", False)))
 
 
 def _encode(predictor: Predictor, text: str) -> list[int]:

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 CORPUS_CHOICES = ("builtin", "files", "dataset")
 STAGES_DIR = "stages"
-TABLES = ("run", "tokenizer", "data", "model", "train")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,10 +199,10 @@ class Plan:
 
 def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
     """Resolve a root config ``{table: {key: value}}`` (read from ``where``) into stages."""
-    unknown = sorted(set(tables) - set(TABLES))
+    unknown = sorted(set(tables) - set(config.TABLES))
     if unknown:
         raise TpulmError(
-            f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(TABLES)}")
+            f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(config.TABLES)}")
     from tpulm import report, training
     from tpulm.data import builtin_corpus, prepare, tokenizer
     from tpulm.hf import export

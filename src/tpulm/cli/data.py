@@ -41,9 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _prepare(args: argparse.Namespace) -> int:
     from tpulm.data import prepare
 
-    table = config.load_toml(args.config).get("data", {}) if args.config else {}
-    where = f"[data] of {args.config}" if args.config else "the command line"
-    result = prepare.run(config.resolve(PrepareConfig, args, table, where=where))
+    result = prepare.run(config.from_args(PrepareConfig, args, "data"))
     for s in result.splits.values():
         state = "already complete" if s.resumed_at_shard < 0 else (
             f"resumed at shard {s.resumed_at_shard}" if s.resumed_at_shard else "written")

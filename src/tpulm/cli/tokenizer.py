@@ -32,10 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     from tpulm.data import tokenizer
 
-    table = config.load_toml(args.config).get("tokenizer", {}) if args.config else {}
-    where = f"[tokenizer] of {args.config}" if args.config else "the command line"
-    inputs = tuple(args.inputs_pos) or None
-    cfg = config.resolve(TokenizerConfig, args, table, where=where, inputs=inputs)
+    cfg = config.from_args(TokenizerConfig, args, "tokenizer", inputs=tuple(args.inputs_pos) or None)
     result = tokenizer.run(cfg)
     print(
         f"tokenizer saved to {result.path}: vocab size {result.vocab_size}, trained on "

@@ -109,7 +109,8 @@ def _check_shard(report: SplitReport, path: str, max_length: int, vocab_size: in
     return tokens
 
 
-def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int], tok_dir: str | None):
+def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int],
+                    tok: tokenizer.TokenizerFolder | None):
     files = {s.file: s for s in manifest.shards}
     if sorted(files) != sorted(per_file):
         report.problems.append(
@@ -122,21 +123,21 @@ def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int], tok
                 f"{name}: manifest says {info.records} records/{info.tokens} tokens, "
                 f"file holds {shards.parse_shard_name(name)[1]}/{tokens}"
             )
-    if tok_dir and storage.exists(storage.join(tok_dir, tokenizer.TOKENIZER_FILE)):
-        if tokenizer.fingerprint(tok_dir) != manifest.tokenizer_fingerprint:
-            report.problems.append(f"manifest's tokenizer fingerprint differs from {tok_dir}")
-        vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
+    if tok is not None:
+        if tok.fingerprint != manifest.tokenizer_fingerprint:
+            report.problems.append(f"manifest's tokenizer fingerprint differs from {tok.path}")
+        vocab = tok.vocab_size
         if vocab != manifest.vocab_size:
             report.problems.append(f"manifest vocab_size {manifest.vocab_size}, tokenizer {vocab}")
 
 
-def _decode(report: SplitReport, files: list[str], tok_dir: str | None, count: int) -> None:
-    if not (tok_dir and count and files and report.max_length):
+def _decode(report: SplitReport, files: list[str], tok: tokenizer.TokenizerFolder | None,
+            count: int) -> None:
+    if not (tok and count and files and report.max_length):
         return
-    tok = tokenizer.load_tokenizer(tok_dir)
     for ids, mask in shards.iter_blocks(files[0], report.max_length, batch=count):
         for row, row_mask in zip(ids, mask):
-            report.decoded.append(tok.decode(row[row_mask == 1].tolist(), skip_special_tokens=False))
+            report.decoded.append(tok.tokenizer.decode(row[row_mask == 1].tolist(), skip_special_tokens=False))
         return
 
 
@@ -150,6 +151,16 @@ def _guess_max_length(report: SplitReport, files: list[str]) -> int | None:
     if files and length is None:
         report.problems.append(f"{files[0]}: cannot tell max_length (no manifest, no input_ids)")
     return length
+
+
+def _open_tokenizer(report: SplitReport, tok_dir: str | None) -> tokenizer.TokenizerFolder | None:
+    if not tok_dir:
+        return None
+    try:
+        return tokenizer.open_folder(tok_dir)
+    except TpulmError as err:
+        report.problems.append(str(err))
+        return None
 
 
 def inspect_split(split_dir: str, tok_dir: str | None, decode: int) -> SplitReport:
@@ -166,9 +177,10 @@ def inspect_split(split_dir: str, tok_dir: str | None, decode: int) -> SplitRepo
     if tok_dir is None and manifest is not None:  # the manifest's, when it is still there
         named = manifest.arguments.get("tokenizer")
         tok_dir = named if named and storage.exists(storage.join(named, tokenizer.TOKENIZER_FILE)) else None
+    tok = _open_tokenizer(report, tok_dir)
     vocab = manifest.vocab_size if manifest else None
-    if vocab is None and tok_dir:
-        vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
+    if vocab is None and tok:
+        vocab = tok.vocab_size
     report.max_length = manifest.max_length if manifest else _guess_max_length(report, files)
     if files and report.max_length is None:
         return report
@@ -180,9 +192,9 @@ def inspect_split(split_dir: str, tok_dir: str | None, decode: int) -> SplitRepo
             report.problems.append(str(err))
     report.tokens = sum(per_file.values())
     if manifest is not None:
-        _check_manifest(report, manifest, per_file, tok_dir)
+        _check_manifest(report, manifest, per_file, tok)
     if not report.problems:
-        _decode(report, files, tok_dir, decode)
+        _decode(report, files, tok, decode)
     return report
 
 

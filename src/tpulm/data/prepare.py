@@ -462,12 +462,10 @@ def run(cfg: PrepareConfig) -> PrepareResult:
     for source in sources.values():
         if source.files:
             corpus.resolve_files(source.files)  # a missing input fails before anything is written
-    tok = tokenizer.load_tokenizer(cfg.tokenizer)
+    folder = tokenizer.open_folder(cfg.tokenizer)
+    tok, specials, fp, vocab_size = folder.tokenizer, folder.special, folder.fingerprint, folder.vocab_size
     tok.no_truncation()  # a saved truncation/padding setting would cut or pad samples
     tok.no_padding()
-    specials = tokenizer.special_tokens(cfg.tokenizer)
-    fp = tokenizer.fingerprint(cfg.tokenizer)
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
     summaries = {}
     for split, source in sources.items():
         plan = _Plan(split, storage.join(cfg.output, split), source, _identity(cfg, source, fp))

@@ -14,6 +14,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from tpulm import config, storage
 from tpulm.data import corpus
@@ -355,39 +356,71 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     )
 
 
-def load_tokenizer(tokenizer_dir: str):
-    """The ``tokenizers.Tokenizer`` saved in ``tokenizer_dir`` (local or remote)."""
-    from tokenizers import Tokenizer
+@dataclasses.dataclass(frozen=True)
+class TokenizerFolder:
+    """A tokenizer folder, read once: the tokenizer, its settings, special-token ids, fingerprint.
 
+    Attributes:
+        path: the folder (local or remote).
+        tokenizer: the ``tokenizers.Tokenizer``.
+        settings: ``tokenizer_config.json`` as a dict.
+        special: ids of cls/sep/unk/pad/mask as ``tokenizer_config.json`` names them.
+        fingerprint: SHA-256 of ``tokenizer.json``: shards and models are checked against it.
+    """
+
+    path: str
+    tokenizer: Any
+    settings: dict[str, Any]
+    special: SpecialTokens
+    fingerprint: str
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def open_folder(tokenizer_dir: str) -> TokenizerFolder:
+    """Read a tokenizer folder (``tokenizer.json`` once: parsed and hashed from the same bytes).
+
+    Raises:
+        TpulmError: a file is missing or malformed, or a special token a masked language model
+            needs is absent (the message names the folder and what to do).
+    """
+    raw = _read_tokenizer_json(tokenizer_dir)
+    tokenizer = _parse(raw, tokenizer_dir)
+    config_path = storage.join(tokenizer_dir, TOKENIZER_CONFIG_FILE)
+    settings = storage.read_json(config_path)
+    if settings is None:
+        raise TpulmError(f"no {TOKENIZER_CONFIG_FILE} in {tokenizer_dir}; is it a tokenizer folder?")
+    return TokenizerFolder(
+        path=tokenizer_dir, tokenizer=tokenizer, settings=settings,
+        special=_special_ids(tokenizer, settings, tokenizer_dir),
+        fingerprint=hashlib.sha256(raw).hexdigest())
+
+
+def _read_tokenizer_json(tokenizer_dir: str) -> bytes:
     path = storage.join(tokenizer_dir, TOKENIZER_FILE)
     if not storage.exists(path):
         raise TpulmError(
             f"no {TOKENIZER_FILE} in {tokenizer_dir}; train one with `tpulm tokenizer train`"
         )
+    return storage.read_bytes(path)
+
+
+def _parse(raw: bytes, tokenizer_dir: str):
+    from tokenizers import Tokenizer
+
     try:
-        return Tokenizer.from_str(storage.read_text(path))
+        return Tokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises a bare Exception for malformed JSON
+        path = storage.join(tokenizer_dir, TOKENIZER_FILE)
         raise TpulmError(f"{path} is not a valid tokenizer file: {err}") from None
 
 
-def fingerprint(tokenizer_dir: str) -> str:
-    """SHA-256 of ``tokenizer.json``: later stages check that shards and models agree on it."""
-    return hashlib.sha256(storage.read_bytes(storage.join(tokenizer_dir, TOKENIZER_FILE))).hexdigest()
-
-
-def special_tokens(tokenizer_dir: str) -> SpecialTokens:
-    """Ids of cls/sep/unk/pad/mask as ``tokenizer_config.json`` names them."""
-    config_path = storage.join(tokenizer_dir, TOKENIZER_CONFIG_FILE)
-    if not storage.exists(config_path):
-        raise TpulmError(f"no {TOKENIZER_CONFIG_FILE} in {tokenizer_dir}; is it a tokenizer folder?")
-    try:
-        tokenizer_config = json.loads(storage.read_text(config_path))
-    except ValueError as err:
-        raise TpulmError(f"{config_path} is not valid JSON: {err}") from None
-    tokenizer = load_tokenizer(tokenizer_dir)
+def _special_ids(tokenizer, settings: dict[str, Any], tokenizer_dir: str) -> SpecialTokens:
     ids = {}
     for role in SPECIAL_ROLES:
-        token = tokenizer_config.get(role)
+        token = settings.get(role)
         if isinstance(token, dict):  # AddedToken serialisation
             token = token.get("content")
         token_id = tokenizer.token_to_id(token) if token else None
@@ -398,3 +431,18 @@ def special_tokens(tokenizer_dir: str) -> SpecialTokens:
             )
         ids[role.replace("_token", "_id")] = token_id
     return SpecialTokens(**ids)
+
+
+def load_tokenizer(tokenizer_dir: str):
+    """Only the ``tokenizers.Tokenizer`` of a folder (which may lack ``tokenizer_config.json``)."""
+    return _parse(_read_tokenizer_json(tokenizer_dir), tokenizer_dir)
+
+
+def fingerprint(tokenizer_dir: str) -> str:
+    """SHA-256 of ``tokenizer.json``: later stages check that shards and models agree on it."""
+    return hashlib.sha256(_read_tokenizer_json(tokenizer_dir)).hexdigest()
+
+
+def special_tokens(tokenizer_dir: str) -> SpecialTokens:
+    """Ids of cls/sep/unk/pad/mask as ``tokenizer_config.json`` names them."""
+    return open_folder(tokenizer_dir).special

@@ -137,7 +137,7 @@ def from_hf_state_dict(model, cfg: ModelConfig, state: dict[str, np.ndarray],
     """Assign a ``RobertaForMaskedLM`` state dict to the Keras model, checking every tensor.
 
     Args:
-        model: a model from :func:`tpulm.model.build_model` built with ``cfg``.
+        model: a model from :func:`tpulm.model.roberta.build_model` built with ``cfg``.
         cfg: the model config.
         state: tensor name -> numpy array.
         where: what to name in error messages (a file or folder).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tpulm import config, rundir, storage
-from tpulm.data.tokenizer import fingerprint, load_tokenizer, special_tokens
+from tpulm.data.tokenizer import TokenizerFolder, open_folder
 from tpulm.hf import folder, hub
 from tpulm.hf.convert import hf_config, keras_to_hf
 from tpulm.metrics_log import read_metrics
@@ -69,15 +69,15 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     """
     model_cfg = run_model_config(run_dir)
     step, weights_path = run_checkpoint(run_dir, step)
-    tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    tok = open_folder(storage.join(run_dir, rundir.TOKENIZER_DIR))
     state = keras_to_hf(weights.read(weights_path), model_cfg, weights_path)
-    hf_cfg = hf_config(model_cfg, special_tokens(tok_dir))
-    card = model_card(run_dir, step, model_cfg, state, os.path.basename(out_dir.rstrip("/")),
+    hf_cfg = hf_config(model_cfg, tok.special)
+    card = model_card(run_dir, step, model_cfg, state, tok, os.path.basename(out_dir.rstrip("/")),
                       repo_id)
     with storage.atomic_folder(out_dir, overwrite) as tmp:
         folder.save_safetensors(tmp, folder.WEIGHTS_FILE, state)
         storage.write_json(storage.join(tmp, folder.CONFIG_FILE), hf_cfg)
-        folder.write_tokenizer(tok_dir, tmp, model_cfg.max_positions)
+        folder.write_tokenizer(tok.path, tmp, model_cfg.max_positions)
         storage.write_text(storage.join(tmp, folder.CARD_FILE), card)
     return step
 
@@ -101,7 +101,7 @@ def _evaluation_text(record: dict | None) -> str:
 
 
 def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str, np.ndarray],
-               folder_name: str, repo_id: str | None = None) -> str:
+               tok: TokenizerFolder, folder_name: str, repo_id: str | None = None) -> str:
     """The ``README.md`` model card of an export (data, tokenizer, steps, metrics, usage).
 
     Args:
@@ -109,15 +109,14 @@ def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str,
         step: the exported checkpoint's step.
         model_cfg: its model config.
         state: the exported tensors (for the parameter count).
+        tok: the run's tokenizer.
         folder_name: the export folder's name.
         repo_id: the Hub repo id, when the export is uploaded.
     """
     from importlib import resources
 
-    tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
-    special = special_tokens(tok_dir)
-    tok = load_tokenizer(tok_dir)
-    tokens = [tok.id_to_token(i) for i in special.ids]
+    special = tok.special
+    tokens = [tok.tokenizer.id_to_token(i) for i in special.ids]
     train, evaluation = _metrics_at(run_dir, step)
     settings = storage.read_text(storage.join(run_dir, rundir.CONFIG_NAME))
     template = (resources.files("tpulm") / "templates" / "model_card.md").read_text("utf-8")
@@ -126,9 +125,9 @@ def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str,
         num_heads=model_cfg.num_heads, intermediate_size=model_cfg.intermediate_size,
         max_positions=model_cfg.max_positions, vocab_size=model_cfg.vocab_size,
         parameters=f"{sum(v.size for v in state.values()):,}",
-        tokenizer_kind=json.loads(tok.to_str())["model"]["type"],
-        tokenizer_vocab=tok.get_vocab_size(), special_tokens=", ".join(f"`{t}`" for t in tokens),
-        pad_id=special.pad_id, fingerprint=fingerprint(tok_dir), step=step,
+        tokenizer_kind=json.loads(tok.tokenizer.to_str())["model"]["type"],
+        tokenizer_vocab=tok.tokenizer.get_vocab_size(), special_tokens=", ".join(f"`{t}`" for t in tokens),
+        pad_id=special.pad_id, fingerprint=tok.fingerprint, step=step,
         tokens=f"{train['tokens']:,}" if train and "tokens" in train else "not recorded",
         training_config=settings.strip(), evaluation=_evaluation_text(evaluation),
         model_ref=repo_id or f"path/to/{folder_name}", folder_name=folder_name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tpulm import config, rundir, storage
-from tpulm.data.tokenizer import TOKENIZER_FILE, special_tokens
+from tpulm.data.tokenizer import TOKENIZER_FILE, open_folder
 from tpulm.errors import TpulmError
 from tpulm.hf import folder
 from tpulm.hf.convert import hf_to_keras, model_config_from_hf
@@ -41,7 +41,7 @@ def import_checkpoint(settings: ImportConfig) -> str:
     with storage.atomic_folder(run_dir, settings.overwrite) as tmp:
         tok_dir = storage.join(tmp, rundir.TOKENIZER_DIR)
         folder.write_tokenizer(hf_dir, tok_dir, model_cfg.max_positions)
-        pad_id = special_tokens(tok_dir).pad_id
+        pad_id = open_folder(tok_dir).special.pad_id
         if pad_id != model_cfg.pad_token_id:
             raise TpulmError(
                 f"{config_path} says pad_token_id {model_cfg.pad_token_id} but its tokenizer's pad "

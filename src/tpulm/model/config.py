@@ -113,8 +113,8 @@ def run_model_config(run_dir: str) -> ModelConfig:
         raise TpulmError(f"{run_dir} is not a run dir: it has no {rundir.CONFIG_NAME}")
     table = model_table(path)
     tok_dir = storage.join(run_dir, rundir.TOKENIZER_DIR)
-    special = tokenizer.special_tokens(tok_dir)
-    vocab = tokenizer.load_tokenizer(tok_dir).get_vocab_size(with_added_tokens=True)
+    tok = tokenizer.open_folder(tok_dir)
+    special, vocab = tok.special, tok.vocab_size
     table.setdefault("vocab_size", vocab)
     table.setdefault("pad_token_id", special.pad_id)
     cfg = config.from_mapping(ModelConfig, table, f"[model] of {path}")

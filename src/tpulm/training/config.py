@@ -84,12 +84,7 @@ class TrainConfig:
             raise TpulmError("learning_rate must be positive; warmup, clip_norm, weight_decay >= 0")
         if self.steps_per_execution < 0:
             raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
-        if self.backend is not None and self.backend not in backends.BACKENDS:
-            raise TpulmError(f"backend must be one of {', '.join(backends.BACKENDS)}, got {self.backend!r}")
-        if self.jit_compile not in JIT_MODES:
-            raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}, got {self.jit_compile!r}")
-        if self.precision not in PRECISIONS:
-            raise TpulmError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        config.check_choices(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,12 +119,8 @@ class TrainResult:
 
 def table_from_args(args) -> tuple[TrainConfig, dict[str, Any]]:
     """``TrainConfig`` and ``[model]`` table from CLI args: defaults < ``--config`` file < flags."""
-    tables = config.load_toml(args.config) if getattr(args, "config", None) else {}
-    unknown = sorted(set(tables) - {"model", "train"})
-    if unknown:
-        raise TpulmError(f"unknown table(s) {', '.join(unknown)} in {args.config}; expected [model], [train]")
-    where = args.config or "the command line"
-    train_cfg = config.resolve(TrainConfig, args, tables.get("train", {}), where=where)
+    train_cfg = config.from_args(TrainConfig, args, "train")
+    tables = config.load_tables(args.config) if getattr(args, "config", None) else {}
     return train_cfg, dict(tables.get("model", {}))
 
 

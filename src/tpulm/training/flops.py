@@ -14,7 +14,7 @@ def train_flops_per_sequence(cfg, seq_len: int, predictions: int) -> float:
     softmaxes are not counted.
 
     Args:
-        cfg: a ``tpulm.model.ModelConfig``.
+        cfg: a ``tpulm.model.config.ModelConfig``.
         seq_len: tokens per sequence.
         predictions: masked slots per sequence (P).
     """

@@ -84,7 +84,7 @@ def layout_rules(model_cfg, model_parallel: int) -> dict[str, tuple[str | None, 
     of their variable (Keras ``add_variable_from_reference``).
 
     Args:
-        model_cfg: the ``tpulm.model.ModelConfig``.
+        model_cfg: the ``tpulm.model.config.ModelConfig``.
         model_parallel: size of the ``model`` axis.
 
     Raises:
@@ -115,7 +115,7 @@ def layout_map(device_mesh, model_cfg):
 
     Args:
         device_mesh: a ``keras.distribution.DeviceMesh`` with axes ``data`` and ``model``.
-        model_cfg: the ``tpulm.model.ModelConfig``.
+        model_cfg: the ``tpulm.model.config.ModelConfig``.
     """
     import keras
 

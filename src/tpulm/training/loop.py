@@ -1,4 +1,4 @@
-"""The training session behind ``tpulm.train.run``: build, restore, fit by segments, summarise."""
+"""The training session behind ``tpulm.training.run``: build, restore, fit by segments, summarise."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class Trainer:
-    """One call of ``tpulm.train.run``: checks, strategy, model, then ``fit``.
+    """One call of ``tpulm.training.run``: checks, strategy, model, then ``fit``.
 
     Args:
         cfg: training settings.
@@ -53,8 +53,9 @@ class Trainer:
             tf.config.experimental.enable_op_determinism()
         strategies.set_precision(cfg.precision)
         self.tokenizer_dir = preflight.resolve_tokenizer(cfg.run_dir, cfg.tokenizer)
-        self.special = tokenizer.special_tokens(self.tokenizer_dir)
-        vocab = tokenizer.load_tokenizer(self.tokenizer_dir).get_vocab_size()
+        self.tokenizer = tokenizer.open_folder(self.tokenizer_dir)
+        self.special = self.tokenizer.special
+        vocab = self.tokenizer.tokenizer.get_vocab_size()
         self.model_cfg = preflight.resolve_model(
             cfg.run_dir, cfg.model, model_table, vocab, self.special.pad_id
         )
@@ -82,11 +83,11 @@ class Trainer:
         if not cfg.train_data:
             raise TpulmError("no training data: pass --train-data (a shard folder or glob)")
         train_set = inputs.open_shards(cfg.train_data)
-        preflight.check_shards(train_set, self.tokenizer_dir, self.model_cfg, "--train-data")
+        preflight.check_shards(train_set, self.tokenizer, self.model_cfg, "--train-data")
         eval_set = None
         if cfg.eval_data:
             eval_set = inputs.open_shards(cfg.eval_data)
-            preflight.check_shards(eval_set, self.tokenizer_dir, self.model_cfg, "--eval-data")
+            preflight.check_shards(eval_set, self.tokenizer, self.model_cfg, "--eval-data")
             if eval_set.max_length != train_set.max_length:
                 raise TpulmError(
                     f"--eval-data has sequences of {eval_set.max_length} tokens, --train-data of "

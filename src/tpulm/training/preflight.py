@@ -79,21 +79,20 @@ def resolve_model(
     return existing
 
 
-def check_shards(shard_set: ShardSet, tokenizer_dir: str, model_cfg, what: str) -> None:
+def check_shards(shard_set: ShardSet, tok: tokenizer.TokenizerFolder, model_cfg, what: str) -> None:
     """Stop with a clear message if the shards do not fit the tokenizer and the model.
 
     Args:
         shard_set: the shards to check.
-        tokenizer_dir: the tokenizer of the run.
+        tok: the tokenizer of the run.
         model_cfg: the ``ModelConfig`` of the run.
         what: flag naming the shards in messages (``--train-data``).
     """
     manifest = shard_set.manifest
     if manifest is not None:
-        fingerprint = tokenizer.fingerprint(tokenizer_dir)
-        if manifest.tokenizer_fingerprint != fingerprint:
+        if manifest.tokenizer_fingerprint != tok.fingerprint:
             raise TpulmError(
-                f"{what} {shard_set.spec} was tokenized with another tokenizer than {tokenizer_dir} "
+                f"{what} {shard_set.spec} was tokenized with another tokenizer than {tok.path} "
                 "(fingerprints differ): prepare the shards with this tokenizer or pass the other one"
             )
     if shard_set.max_length > model_cfg.max_positions:

@@ -32,7 +32,7 @@ class Placement:
         tpu_zone: GCP zone of a named TPU.
         gcp_project: GCP project of a named TPU.
         mesh: ``data=D,model=M`` device mesh (JAX backend only), or None for data parallelism.
-        model: the ``tpulm.model.ModelConfig`` (sizes the JAX mesh's layout map).
+        model: the ``tpulm.model.config.ModelConfig`` (sizes the JAX mesh's layout map).
     """
 
     tpu: str | None = None

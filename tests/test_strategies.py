@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from test_train_support import small_corpus
+from support.training import small_corpus
 
 SCRIPT = textwrap.dedent(
     """

@@ -34,7 +34,7 @@ def _read_lines(path: str) -> list[str]:
 def test_two_runs_are_byte_identical(corpus, tmp_path):
     # The second run happens in a fresh interpreter, so no state is shared between the runs.
     code = (
-        "import sys; from tpulm import democorpus; "
+        "import sys; from tpulm.data import builtin_corpus; "
         "print(builtin_corpus.write_demo_corpus(sys.argv[1]).sha256)"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}

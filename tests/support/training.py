@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from test_model_support import train_reference_tokenizer
+
+from support.models import train_reference_tokenizer
 
 
 def wikitext_lines(wikitext_dir: Path, split: str = "valid", limit: int | None = None) -> list[str]:

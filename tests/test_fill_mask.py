@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_model_support import make_run_dir, train_reference_tokenizer, wikitext_lines
+from support.models import make_run_dir, train_reference_tokenizer, wikitext_lines
 
 from tpulm import fill_mask, rundir
 from tpulm.cli import main

@@ -1,7 +1,7 @@
 """Helpers of the JAX tests: a small real corpus, and jobs run on the JAX backend in a subprocess.
 
 The test process imports Keras on TensorFlow, and Keras fixes its backend at import, so JAX runs
-happen in ``tests/jax_worker.py`` subprocesses with ``KERAS_BACKEND=jax`` and 4 virtual CPU
+happen in ``tests/support/jax_worker.py`` subprocesses with ``KERAS_BACKEND=jax`` and 4 virtual CPU
 devices (``--xla_force_host_platform_device_count=4``). No test functions here.
 """
 
@@ -13,9 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_train_support import blocks, make_tokenizer, wikitext_lines, write_shards
+from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent
+TESTS = SUPPORT.parent
 SRC = TESTS.parent / "src"
 DEVICES = 4
 
@@ -66,7 +67,7 @@ def start_jax(jobs: list[dict], work: Path, devices: int = DEVICES,
         **(env or {}),
     }
     proc = subprocess.Popen(
-        [sys.executable, str(TESTS / "jax_worker.py"), str(jobs_path), str(results_path)],
+        [sys.executable, str(SUPPORT / "jax_worker.py"), str(jobs_path), str(results_path)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     return proc, results_path

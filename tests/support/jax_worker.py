@@ -12,7 +12,7 @@ dict with ``kind``:
 * ``logits``: build the model of ``model_config``, load ``weights`` (safetensors), write the
   logits for ``inputs`` (``.npz``) to ``out`` (``.npy``).
 
-Not a test module: ``tests/jax_support.py`` starts it.
+Not a test module: ``tests/support/jax_runs.py`` starts it.
 """
 
 from __future__ import annotations

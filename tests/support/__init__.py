@@ -1,0 +1,1 @@
+"""Helpers shared by the tests: real text, tokenizers, shards, tiny models, JAX subprocesses."""
