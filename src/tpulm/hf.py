@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, rundir, storage, weights
+from tpulm import config, hf_modernbert, rundir, storage, weights
 from tpulm.errors import TpulmError
 from tpulm.model import MODEL_NAME, ModelConfig, run_checkpoint, run_model_config
 from tpulm.tokenizer import (SPECIAL_ROLES, SPECIAL_TOKENS_MAP_FILE, TOKENIZER_CONFIG_FILE,
@@ -107,6 +107,8 @@ def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
         cfg: the model config.
         where: what to name in error messages.
     """
+    if cfg.architecture == "modernbert":
+        return hf_modernbert.keras_to_hf(arrays, cfg, where)
     short = {path.split("/", 1)[-1]: value for path, value in arrays.items()}
     rows = weight_map(cfg)
     expected = {keras_path for keras_path, _, _ in rows}
@@ -125,15 +127,18 @@ def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
 
 
 def hf_to_keras(state: dict[str, np.ndarray], cfg: ModelConfig, where: str = "the checkpoint",
-                prefix: str = MODEL_NAME) -> dict[str, np.ndarray]:
+                prefix: str | None = None) -> dict[str, np.ndarray]:
     """A ``RobertaForMaskedLM`` state dict as tpulm weights keyed by Keras variable path.
 
     Args:
         state: tensor name -> array.
         cfg: the model config (from :func:`model_config_from_hf`).
         where: what to name in error messages (a file or folder).
-        prefix: the model-name component of the variable paths.
+        prefix: the model-name component of the variable paths (default: the architecture's).
     """
+    if cfg.architecture == "modernbert":
+        return hf_modernbert.hf_to_keras(state, cfg, where, prefix or hf_modernbert.MODEL_NAME)
+    prefix = prefix or MODEL_NAME
     check_state_dict(state, cfg, where)
     arrays = {}
     for keras_path, hf_key, transpose in weight_map(cfg):
@@ -246,6 +251,8 @@ def hf_config(cfg: ModelConfig, special_tokens: SpecialTokens) -> dict[str, Any]
         cfg: the model config.
         special_tokens: the tokenizer's special token ids.
     """
+    if cfg.architecture == "modernbert":
+        return hf_modernbert.hf_config(cfg, special_tokens)
     if special_tokens.pad_id != cfg.pad_token_id:
         raise TpulmError(
             f"the model was built with pad_token_id {cfg.pad_token_id} but the tokenizer's pad "
@@ -263,12 +270,15 @@ def hf_config(cfg: ModelConfig, special_tokens: SpecialTokens) -> dict[str, Any]
 
 
 def model_config_from_hf(hf: dict[str, Any], where: str) -> ModelConfig:
-    """The tpulm model config of a Transformers ``config.json`` (RobertaForMaskedLM only).
+    """The tpulm model config of a Transformers ``config.json``: RobertaForMaskedLM, or
+    ModernBertForMaskedLM (:mod:`tpulm.hf_modernbert`).
 
     Args:
         hf: the parsed ``config.json``.
         where: the file, for error messages.
     """
+    if hf.get("model_type") == hf_modernbert.MODEL_TYPE:
+        return hf_modernbert.model_config_from_hf(hf, where)
     architectures = hf.get("architectures") or []
     if hf.get("model_type") != "roberta" or ARCHITECTURE not in architectures:
         raise TpulmError(
