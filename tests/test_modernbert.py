@@ -299,3 +299,25 @@ for name in ("batch", "docs"):
     in_doc = docs["segment_ids"] > 0
     np.testing.assert_allclose(np.load(tmp_path / "docs_jax.npy")[in_doc],
                                keras_logits(model, docs)[in_doc], atol=TOL, rtol=0)
+
+
+def test_xla_and_mixed_bfloat16():
+    """Training compiles with XLA (same logits); mixed_bfloat16 keeps float32 weights and logits."""
+    tf = pytest.importorskip("tensorflow")
+    cfg, _, model = make_pair(**ALL_BIASES)
+    batch = {**padded_batch(8), "masked_positions": np.array([[1, 4], [2, 3], [0, 5], [6, 1]],
+                                                             np.int32)}
+    compiled = tf.function(lambda b: model(b, training=False), jit_compile=True)
+    np.testing.assert_allclose(compiled(batch).numpy(), keras_logits(model, batch),
+                               atol=1e-5, rtol=0)
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        half = build_model(cfg)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert {v.dtype for v in half.weights} == {"float32"}
+    assert half.blocks[1].wqkv.compute_dtype == "bfloat16"
+    half.set_weights(model.get_weights())
+    got, ref = keras_logits(half, batch), keras_logits(model, batch)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref, atol=0.1, rtol=0)

@@ -109,8 +109,13 @@ def rope_tables(positions, head_dim: int, theta: float):
 
 
 def apply_rope(x, cos, sin):
-    """Rotate (batch, seq, heads, head_dim) ``x`` in float32: ``x cos + rotate_half(x) sin``."""
+    """Rotate (batch, seq, heads, head_dim) ``x`` in float32: ``x cos + rotate_half(x) sin``.
+
+    Under mixed precision Keras hands the block ``cos``/``sin`` in the compute dtype (float inputs
+    of a layer call are autocast); Transformers also casts them to the activations' dtype.
+    """
     xf = ops.cast(x, "float32")
+    cos, sin = ops.cast(cos, "float32"), ops.cast(sin, "float32")
     half = ops.shape(x)[-1] // 2
     rotated = ops.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
     return ops.cast(xf * cos + rotated * sin, x.dtype)
