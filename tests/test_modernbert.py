@@ -135,8 +135,8 @@ def test_packed_documents_equal_each_document_alone(pair):
     got = keras_logits(model, block)[0]
     start = 0
     for doc in docs:
-        alone = keras_logits(model, {"input_ids": doc[None], "attention_mask": np.ones((1, len(doc)),
-                                                                                     np.int32)})
+        ones = np.ones((1, len(doc)), np.int32)
+        alone = keras_logits(model, {"input_ids": doc[None], "attention_mask": ones})
         np.testing.assert_allclose(got[start:start + len(doc)], alone[0], atol=TOL, rtol=0)
         start += len(doc)
     # Without the document inputs the second document sees the first one and is shifted.
@@ -321,3 +321,48 @@ def test_xla_and_mixed_bfloat16():
     got, ref = keras_logits(half, batch), keras_logits(model, batch)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, ref, atol=0.1, rtol=0)
+
+
+def test_initialisation_follows_transformers_init_weights():
+    """Truncated normals cut at +-cutoff x std: "in" std for embeddings/Wqkv/Wi, "out" std
+    (range / sqrt(2 layers)) for both Wo and the head dense; LayerNorm gains 1, biases 0."""
+    cfg = ModelConfig(**{**TINY, "hidden_size": 128, "intermediate_size": 256,
+                         "initializer_cutoff_factor": 1.5}, norm_bias=True, mlp_bias=True)
+    model = build_model(cfg, dtype="float32")
+    std_in, std_out = 0.02, 0.02 / np.sqrt(2 * cfg.num_layers)
+    # Variance of a standard normal cut at +-1.5: 1 - 2 c phi(c) / (2 Phi(c) - 1).
+    shrink = np.sqrt(1 - 2 * 1.5 * 0.1295176 / (2 * 0.9331928 - 1))
+    values = {v.path.split("/", 1)[1]: keras.ops.convert_to_numpy(v) for v in model.weights}
+    for path, std in (("tok_embeddings/embeddings", std_in), ("layer_1/wqkv/kernel", std_in),
+                      ("layer_1/wi/kernel", std_in), ("layer_1/attn_out/kernel", std_out),
+                      ("layer_2/mlp_out/kernel", std_out), ("head/dense/kernel", std_out)):
+        assert np.abs(values[path]).max() <= 1.5 * std + 1e-9, path
+        assert abs(values[path].std() / (std * shrink) - 1) < 0.08, path
+    np.testing.assert_array_equal(values["layer_1/mlp_norm/gamma"], 1.0)
+    for path in ("layer_1/mlp_norm/beta", "layer_1/wi/bias", "head/decoder_bias"):
+        np.testing.assert_array_equal(values[path], 0.0)
+
+
+def test_run_dir_export_and_import_dispatch_on_architecture(wikitext_dir, tmp_path):
+    """`tpulm export` / `tpulm import` code paths carry a ModernBERT run dir both ways."""
+    from transformers import AutoModelForMaskedLM
+
+    from test_model_support import make_run_dir, train_reference_tokenizer, wikitext_lines
+
+    tok_dir = train_reference_tokenizer(wikitext_lines(wikitext_dir, 300), tmp_path / "tok", 300)
+    table = {k: v for k, v in TINY.items() if k not in ("vocab_size", "pad_token_id")}
+    model, cfg = make_run_dir(tmp_path / "run", tok_dir, table, steps=(5,))
+    hf.write_export(str(tmp_path / "run"), str(tmp_path / "export"))
+    loaded = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "export"),
+                                                  attn_implementation="eager").eval()
+    assert type(loaded).__name__ == "ModernBertForMaskedLM"
+    batch = padded_batch(9)
+    real = batch["attention_mask"].astype(bool)
+    np.testing.assert_allclose(torch_logits(loaded, batch)[real],
+                               keras_logits(model, batch)[real], atol=TOL, rtol=0)
+    written = hf.import_checkpoint(hf.ImportConfig(hf_dir=str(tmp_path / "export"),
+                                                   run_dir=str(tmp_path / "imported")))
+    assert hf.run_model_config(str(tmp_path / "imported")) == cfg
+    back = weights.read(written)
+    for variable in model.weights:
+        np.testing.assert_array_equal(back[variable.path], keras.ops.convert_to_numpy(variable))

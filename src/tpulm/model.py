@@ -27,8 +27,8 @@ from keras import ops
 from tpulm import config
 from tpulm.errors import TpulmError
 
-PRESETS = ("tiny", "small", "base", "large", "modernbert-tiny", "modernbert-small", "modernbert-base",
-           "modernbert-large")
+PRESETS = ("tiny", "small", "base", "large", "modernbert-tiny", "modernbert-small",
+           "modernbert-base", "modernbert-large")
 ARCHITECTURES = ("roberta", "modernbert")
 # ModernBERT activations (Transformers' names) -> whether GELU uses the tanh approximation.
 GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
@@ -64,7 +64,7 @@ class ModelConfig:
     global_attn_every_n_layers: int = config.setting(
         3, "modernbert: layers 0, n, 2n, ... attend globally, the others in the sliding window")
     activation: str = config.setting(
-        "gelu", "modernbert: MLP and head activation (gelu = erf; gelu_pytorch_tanh = tanh approx.)")
+        "gelu", "modernbert: MLP and head activation (gelu = erf, gelu_pytorch_tanh = tanh)")
     norm_bias: bool = config.setting(False, "modernbert: LayerNorms have a bias")
     attention_bias: bool = config.setting(False, "modernbert: Wqkv and Wo have biases")
     mlp_bias: bool = config.setting(False, "modernbert: MLP Wi and Wo have biases")
@@ -96,7 +96,8 @@ class ModelConfig:
         if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ValueError("layer_norm_eps and initializer_range must be positive")
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+            raise ValueError(
+                f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.architecture == "modernbert":
             _check_modernbert(self)
 

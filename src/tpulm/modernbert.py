@@ -64,8 +64,10 @@ def is_global(cfg: ModelConfig, layer: int) -> bool:
 
 @keras.saving.register_keras_serializable(package="tpulm")
 class CutTruncatedNormal(keras.initializers.Initializer):
-    """Normal(0, std) truncated to ``[-cutoff x std, cutoff x std]`` (``torch.nn.init.trunc_normal_``
-    with ``a = -b``), by the inverse CDF of a uniform draw; Keras' own cuts at 2 std only.
+    """Normal(0, std) truncated to ``[-cutoff x std, cutoff x std]`` (as
+    ``torch.nn.init.trunc_normal_`` with ``a = -b``), by the inverse CDF of a uniform draw.
+
+    Keras' own ``TruncatedNormal`` always cuts at 2 std; ModernBERT's cut is a setting.
 
     Args:
         std: standard deviation before truncation.
@@ -143,7 +145,8 @@ class ModernBertBlock(keras.layers.Layer):
 
         def norm(name: str) -> keras.layers.LayerNormalization:
             return keras.layers.LayerNormalization(
-                epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name=name, dtype=self.dtype_policy)
+                epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name=name,
+                dtype=self.dtype_policy)
 
         def dropout(rate: float, name: str) -> keras.layers.Dropout:
             return keras.layers.Dropout(rate, name=name, dtype=self.dtype_policy)
@@ -284,7 +287,8 @@ class ModernBertMaskedLM(keras.Model):
             full = keys[:, None, None, :]  # (batch, 1, 1, k)
         else:
             same = ops.equal(segments[:, :, None], segments[:, None, :])
-            full = ops.logical_and(same, ops.logical_and(keys, ops.not_equal(segments, 0))[:, None, :])
+            real_keys = ops.logical_and(keys, ops.not_equal(segments, 0))
+            full = ops.logical_and(same, real_keys[:, None, :])
             full = full[:, None, :, :]  # (batch, 1, q, k)
         seq = ops.shape(inputs["input_ids"])[1]
         index = ops.arange(seq, dtype="int32")
