@@ -50,7 +50,7 @@ def main() -> None:
 
     from tpulm.hf import convert
     from tpulm.model.config import ModelConfig
-    from tpulm.model.roberta import build_model
+    from tpulm.model.networks import build_model
 
     cfg = ModelConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.ffn, pad_token_id=3)

@@ -31,7 +31,7 @@ from tpulm.errors import TpulmError  # noqa: E402
 from tpulm.hf import export, folder, hub, importer
 from tpulm.model import weights  # noqa: E402
 from tpulm.model.config import load_model_preset  # noqa: E402
-from tpulm.model.roberta import build_model  # noqa: E402
+from tpulm.model.networks import build_model  # noqa: E402
 
 TOL = 1e-4
 

@@ -9,7 +9,7 @@ import pytest
 
 from tpulm.errors import TpulmError
 from tpulm.model.config import ModelConfig
-from tpulm.model.roberta import build_model
+from tpulm.model.networks import build_model
 from tpulm.training import backends, jax_mesh, strategies
 from tpulm.training.config import TrainConfig
 

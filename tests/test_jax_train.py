@@ -32,7 +32,7 @@ from tpulm.model import weights
 from tpulm.model.config import ModelConfig
 
 # fp32 on CPU: other device counts and process counts change only the order of reductions.
-from tpulm.model.roberta import build_model
+from tpulm.model.networks import build_model
 
 # fp32 on CPU: other device counts and process counts change only the order of reductions.
 # After 4 AdamW steps (lr 1e-3) the weights differ by at most 3.5e-7 (measured over several runs,

@@ -30,7 +30,7 @@ from tpulm.errors import TpulmError  # noqa: E402
 from tpulm.hf import convert
 from tpulm.model import weights  # noqa: E402
 from tpulm.model.config import ModelConfig, load_model_preset  # noqa: E402
-from tpulm.model.roberta import build_model  # noqa: E402
+from tpulm.model.networks import build_model  # noqa: E402
 
 TOL = 1e-5
 
@@ -110,7 +110,7 @@ def test_jax_backend_gives_same_logits(pair, tokenizer, texts, tmp_path):
 import numpy as np, keras
 from tpulm.model import weights
 from tpulm.model.config import ModelConfig
-from tpulm.model.roberta import build_model
+from tpulm.model.networks import build_model
 assert keras.backend.backend() == "jax"
 model = build_model(ModelConfig(**{dict(vars(cfg))!r}))
 weights.load(model.weights, {str(tmp_path / "w.safetensors")!r})

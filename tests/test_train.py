@@ -39,7 +39,7 @@ def _metrics(run_dir) -> list[dict]:
 
 def test_cli_trains_from_a_config_file_and_writes_the_run_dir(tmp_path, corpus, capsys, caplog):
     from tpulm.model.config import ModelConfig
-    from tpulm.model.roberta import build_model
+    from tpulm.model.networks import build_model
     from tpulm.model.weights import load
 
     caplog.set_level("INFO")

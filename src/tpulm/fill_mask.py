@@ -89,7 +89,7 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
     """
     from tpulm.hf import convert, folder
     from tpulm.model.config import run_model_config
-    from tpulm.model.roberta import build_model
+    from tpulm.model.networks import build_model
 
     kind, weights_path, tok_dir = _locate(path, step)
     if kind == "export":

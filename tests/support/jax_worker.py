@@ -94,7 +94,7 @@ def train(job: dict) -> dict:
 def logits(job: dict) -> dict:
     from tpulm.model import weights
     from tpulm.model.config import ModelConfig
-    from tpulm.model.roberta import build_model
+    from tpulm.model.networks import build_model
 
     model = build_model(ModelConfig(**job["model_config"]), dtype="float32")
     weights.load(model.weights, job["weights"])

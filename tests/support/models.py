@@ -150,7 +150,7 @@ def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10),
     from tpulm.data.tokenizer import load_tokenizer
     from tpulm.model import weights
     from tpulm.model.config import ModelConfig
-    from tpulm.model.roberta import build_model
+    from tpulm.model.networks import build_model
 
     vocab = load_tokenizer(str(tokenizer_dir)).get_vocab_size()
     cfg = ModelConfig(vocab_size=vocab, pad_token_id=PAD_ID, **table)

@@ -14,8 +14,14 @@ from tpulm import config, rundir, storage
 from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
 
-PRESETS = ("tiny", "small", "base", "large")
-MODEL_NAME = "roberta_mlm"  # first component of every variable path of a model
+PRESETS = ("tiny", "small", "base", "large", "modernbert-tiny", "modernbert-small",
+           "modernbert-base", "modernbert-large")
+ARCHITECTURES = ("roberta", "modernbert")
+# First component of every variable path of a model, per architecture (the weight maps rely on it).
+MODEL_NAMES = {"roberta": "roberta_mlm", "modernbert": "modernbert_mlm"}
+MODEL_NAME = MODEL_NAMES["roberta"]
+# ModernBERT activations (Transformers' names) -> whether GELU uses the tanh approximation.
+GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,24 @@ class ModelConfig:
     hidden_dropout: float = config.setting(0.1, "dropout on embeddings and block outputs")
     attention_dropout: float = config.setting(0.1, "dropout on attention probabilities")
     initializer_range: float = config.setting(0.02, "stddev of the truncated-normal initializer")
+    architecture: str = config.setting(
+        "roberta", "network: roberta, or modernbert (tpulm.model.modernbert)", choices=ARCHITECTURES)
+    # ModernBERT only (ignored by RoBERTa); names and defaults as Transformers' ModernBertConfig.
+    global_rope_theta: float = config.setting(160000.0, "modernbert: RoPE base of global layers")
+    local_rope_theta: float = config.setting(10000.0, "modernbert: RoPE base of local layers")
+    local_attention: int = config.setting(
+        128, "modernbert: sliding window of local layers (tokens; local_attention // 2 each side)")
+    global_attn_every_n_layers: int = config.setting(
+        3, "modernbert: layers 0, n, 2n, ... attend globally, the others in the sliding window")
+    activation: str = config.setting(
+        "gelu", "modernbert: MLP and head activation (gelu = erf, gelu_pytorch_tanh = tanh)")
+    norm_bias: bool = config.setting(False, "modernbert: LayerNorms have a bias")
+    attention_bias: bool = config.setting(False, "modernbert: Wqkv and Wo have biases")
+    mlp_bias: bool = config.setting(False, "modernbert: MLP Wi and Wo have biases")
+    classifier_bias: bool = config.setting(False, "modernbert: the LM-head dense has a bias")
+    decoder_bias: bool = config.setting(True, "modernbert: the tied decoder has a bias")
+    initializer_cutoff_factor: float = config.setting(
+        2.0, "modernbert: truncated-normal init cut at +-factor x std")
 
     def __post_init__(self) -> None:
         positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -60,16 +84,44 @@ class ModelConfig:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
             raise ValueError("layer_norm_eps and initializer_range must be positive")
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(
+                f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.architecture == "modernbert":
+            _check_modernbert(self)
 
     @property
     def max_positions(self) -> int:
-        """Longest sequence the model accepts: RoBERTa's positions start at pad_token_id + 1."""
+        """Longest sequence the model accepts: RoBERTa's positions start at pad_token_id + 1
+        (ModernBERT's rotary positions have no offset)."""
+        if self.architecture == "modernbert":
+            return self.max_position_embeddings
         return self.max_position_embeddings - self.pad_token_id - 1
+
+    @property
+    def model_name(self) -> str:
+        """The first component of the network's variable paths."""
+        return MODEL_NAMES[self.architecture]
+
+
+def _check_modernbert(cfg: ModelConfig) -> None:
+    """Raise ValueError for ModernBERT settings the network cannot run."""
+    head_dim, rest = divmod(cfg.hidden_size, cfg.num_heads)
+    if rest or head_dim % 2:
+        raise ValueError(f"modernbert needs an even head size hidden_size / num_heads for RoPE, "
+                         f"got {cfg.hidden_size} / {cfg.num_heads}")
+    for name in ("local_attention", "global_attn_every_n_layers", "global_rope_theta",
+                 "local_rope_theta", "initializer_cutoff_factor"):
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if cfg.activation not in GELU_APPROXIMATE:
+        raise ValueError(f"activation must be one of {sorted(GELU_APPROXIMATE)}, "
+                         f"got {cfg.activation!r}")
 
 
 
 def preset_path(name: str) -> str:
-    """Path of the shipped preset ``name`` (tiny, small, base, large)."""
+    """Path of the shipped preset ``name`` (one of :data:`PRESETS`)."""
     from importlib import resources
 
     return str(resources.files("tpulm") / "configs" / f"{name}.toml")
@@ -84,7 +136,7 @@ def model_table(path: str) -> dict[str, Any]:
 
 
 def load_model_preset(name_or_path: str) -> dict[str, Any]:
-    """The ``[model]`` table of a preset name (tiny, small, base, large) or a TOML file path.
+    """The ``[model]`` table of a preset name (one of :data:`PRESETS`) or a TOML file path.
 
     The table never holds ``vocab_size`` or ``pad_token_id`` for presets: those come from the
     tokenizer; combine with ``config.resolve(ModelConfig, table=..., vocab_size=...)``.

@@ -17,13 +17,12 @@ and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import keras
 from keras import ops
 
-from tpulm.model.config import MODEL_NAME, ModelConfig
+from tpulm.model.config import ModelConfig
 
 
 def _initializer(cfg_range: float) -> keras.initializers.Initializer:
@@ -304,20 +303,15 @@ class RobertaMaskedLM(keras.Model):
         return self.lm_head(x)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), **dataclasses.asdict(self.cfg)}
+        return {**super().get_config(), **roberta_kwargs(self.cfg)}
 
 
-def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> keras.Model:
-    """A built (weights created) :class:`RobertaMaskedLM`.
+# The ModelConfig fields RobertaMaskedLM takes (the others belong to other architectures).
+_ROBERTA_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                   "max_position_embeddings", "type_vocab_size", "pad_token_id", "layer_norm_eps",
+                   "hidden_dropout", "attention_dropout", "initializer_range")
 
-    Args:
-        cfg: model sizes; ``vocab_size`` and ``pad_token_id`` must come from the tokenizer.
-        dtype: a Keras dtype policy name (e.g. ``"float32"`` for exact inference); by default the
-            global policy (``keras.mixed_precision.set_global_policy``).
 
-    Returns:
-        The Keras model; call it on ``{"input_ids", "attention_mask"[, "masked_positions"]}``.
-    """
-    model = RobertaMaskedLM(**dataclasses.asdict(cfg), name=MODEL_NAME, dtype=dtype)
-    model.build()
-    return model
+def roberta_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """The constructor arguments of :class:`RobertaMaskedLM` for ``cfg``."""
+    return {name: getattr(cfg, name) for name in _ROBERTA_FIELDS}

@@ -9,7 +9,7 @@ def train_flops_per_sequence(cfg, seq_len: int, predictions: int) -> float:
     """Training FLOPs (forward + backward = 3 x forward) of one sequence.
 
     Matmuls: 6 x parameters-in-matmuls x tokens for the encoder (attention projections 4H^2 and
-    the FFN 2HI per layer, per token), the LM head (H^2 + HV) only on the ``predictions`` gathered
+    the FFN 2HI per layer, per token; 3HI for ModernBERT's GLU), the LM head (H^2 + HV) only on the ``predictions`` gathered
     slots; attention scores and values 2 x 2 S^2 H per layer forward. Embedding lookups, norms and
     softmaxes are not counted.
 
@@ -19,7 +19,8 @@ def train_flops_per_sequence(cfg, seq_len: int, predictions: int) -> float:
         predictions: masked slots per sequence (P).
     """
     h, i, v, layers = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
-    encoder = 6.0 * seq_len * layers * (4 * h * h + 2 * h * i)
+    ffn = 3 * h * i if cfg.architecture == "modernbert" else 2 * h * i  # GLU: Wi is (h, 2i)
+    encoder = 6.0 * seq_len * layers * (4 * h * h + ffn)
     head = 6.0 * predictions * (h * h + h * v)
     attention = 3.0 * layers * 4 * seq_len * seq_len * h
     return encoder + head + attention

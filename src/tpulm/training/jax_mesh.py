@@ -90,17 +90,21 @@ def layout_rules(model_cfg, model_parallel: int) -> dict[str, tuple[str | None, 
     Raises:
         TpulmError: hidden or intermediate size not divisible by the ``model`` axis.
     """
-    from tpulm.model.config import MODEL_NAME
-
     for name in ("hidden_size", "intermediate_size"):
         if getattr(model_cfg, name) % model_parallel:
             raise TpulmError(
                 f"--mesh model={model_parallel} does not divide the model's {name} "
                 f"{getattr(model_cfg, name)}: choose a model axis that divides it"
             )
-    root = re.escape(MODEL_NAME)
+    root = re.escape(model_cfg.model_name)
     column, row = (None, MODEL_AXIS), (MODEL_AXIS, None)
     vocab_split = row if model_cfg.vocab_size % model_parallel == 0 else column
+    if model_cfg.architecture == "modernbert":  # fused q/k/v (Wqkv) and GLU input (Wi)
+        return {
+            f"{root}/tok_embeddings/embeddings": vocab_split,
+            rf"{root}/layer_\d+/(wqkv|wi)/kernel": column,
+            rf"{root}/layer_\d+/(attn_out|mlp_out)/kernel": row,
+        }
     return {
         f"{root}/embeddings/word_embeddings/embeddings": vocab_split,
         rf"{root}/layer_\d+/(query|key|value)/kernel": column,

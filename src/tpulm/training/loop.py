@@ -112,7 +112,7 @@ class Trainer:
         """Model and built optimizer in the strategy scope, restored from the run dir if any."""
         import keras
 
-        from tpulm.model.roberta import build_model
+        from tpulm.model.networks import build_model
 
         keras.utils.set_random_seed(self.cfg.seed)
         with self.strategy.scope():

@@ -1,0 +1,325 @@
+"""ModernBERT encoder + masked-LM head in Keras 3 ops, the same function as Transformers'
+``ModernBertForMaskedLM`` for the same weights, on any Keras backend (TensorFlow, JAX).
+
+The network (Warner et al. 2024, "Smarter, Better, Faster, Longer"), as Transformers builds it:
+
+* token embeddings -> LayerNorm -> dropout (no position table: positions enter through RoPE);
+* pre-norm blocks: ``x + Wo(attention(attn_norm(x)))`` then ``x + mlp(mlp_norm(x))``; block 0's
+  ``attn_norm`` is the identity (the embedding LayerNorm just ran);
+* attention with one fused ``Wqkv`` projection and rotary position embeddings; layers
+  ``0, n, 2n, ...`` (``n = global_attn_every_n_layers``) attend globally with RoPE base
+  ``global_rope_theta``, the others attend to keys at distance ``<= local_attention // 2`` with
+  base ``local_rope_theta``;
+* GeGLU MLP: ``Wo(act(a) * g)`` with ``a, g = chunk(Wi(x), 2)``;
+* final LayerNorm, head ``norm(act(dense(x)))``, decoder tied to the token embeddings (+ bias).
+
+Biases follow the config switches (``attention_bias``, ``mlp_bias``, ``norm_bias``,
+``classifier_bias``, ``decoder_bias``), all off but the decoder's by default, as in Transformers.
+
+Model inputs are a dict (the RoBERTa interface of :mod:`tpulm.model` plus two optional entries)::
+
+    input_ids        (batch, seq) int32
+    attention_mask   (batch, seq) int, 1 = real token
+    masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
+    segment_ids      (batch, seq) int32, optional: document index inside a packed block, 0 =
+                     padding; a query then attends only to keys of its own (nonzero) document,
+                     on local layers inside the sliding window too
+    position_ids     (batch, seq) int32, optional: position of each token inside its document
+                     (from 0); RoPE uses them instead of 0..seq-1
+
+and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
+
+The sliding window is applied as a dense (seq, seq) mask: exact, but the attention cost stays
+quadratic in the sequence length (no block-sparse kernel).
+
+Initialisation follows Transformers' ``ModernBertPreTrainedModel._init_weights``: truncated
+normal cut at ``+-initializer_cutoff_factor x std``; std ``initializer_range`` for the token
+embeddings, ``Wqkv`` and ``Wi``; ``initializer_range / sqrt(2 x num_layers)`` for both ``Wo`` and
+the head's dense; biases 0, LayerNorm gains 1. The decoder shares the embedding table, which
+keeps the embedding std (Transformers would re-initialise the tied tensor with the "out" std
+last; the table is the input embedding first).
+
+Variable paths (``modernbert_mlm/...``) are the contract of :mod:`tpulm.hf_modernbert`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import keras
+import numpy as np
+from keras import ops
+
+from tpulm.model.config import GELU_APPROXIMATE, MODEL_NAMES, ModelConfig
+
+MODEL_NAME = MODEL_NAMES["modernbert"]  # first component of every variable path
+
+
+def is_global(cfg: ModelConfig, layer: int) -> bool:
+    """Whether block ``layer`` attends globally (Transformers: ``layer % n == 0``)."""
+    return layer % cfg.global_attn_every_n_layers == 0
+
+
+@keras.saving.register_keras_serializable(package="tpulm")
+class CutTruncatedNormal(keras.initializers.Initializer):
+    """Normal(0, std) truncated to ``[-cutoff x std, cutoff x std]`` (as
+    ``torch.nn.init.trunc_normal_`` with ``a = -b``), by the inverse CDF of a uniform draw.
+
+    Keras' own ``TruncatedNormal`` always cuts at 2 std; ModernBERT's cut is a setting.
+
+    Args:
+        std: standard deviation before truncation.
+        cutoff: the cut, in standard deviations.
+        seed: an int seed, or None.
+    """
+
+    def __init__(self, std: float, cutoff: float, seed: int | None = None) -> None:
+        self.std, self.cutoff, self.seed = std, cutoff, seed
+        self._seed = keras.random.SeedGenerator(seed) if seed is not None else None
+
+    def __call__(self, shape, dtype=None):
+        edge = 0.5 * (1.0 + math.erf(self.cutoff / math.sqrt(2.0)))  # Phi(cutoff)
+        u = keras.random.uniform(shape, 1.0 - edge, edge, dtype="float32", seed=self._seed)
+        x = math.sqrt(2.0) * ops.erfinv(2.0 * u - 1.0) * self.std
+        return ops.cast(ops.clip(x, -self.cutoff * self.std, self.cutoff * self.std), dtype)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"std": self.std, "cutoff": self.cutoff, "seed": self.seed}
+
+
+def _activation(name: str):
+    approximate = GELU_APPROXIMATE[name]
+    return lambda x: ops.gelu(x, approximate=approximate)
+
+
+def rope_tables(positions, head_dim: int, theta: float):
+    """``(cos, sin)`` of rotary embeddings, float32 (batch or 1, seq, 1, head_dim).
+
+    Args:
+        positions: (batch or 1, seq) int positions.
+        head_dim: size of one attention head (even).
+        theta: the RoPE base.
+    """
+    # As Transformers: inv_freq in float32, frequencies repeated as [f, f] over the head.
+    exponent = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
+    inv_freq = (1.0 / (np.float32(theta) ** exponent)).astype(np.float32)
+    freqs = ops.cast(positions, "float32")[..., None] * ops.convert_to_tensor(inv_freq)
+    angles = ops.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return ops.cos(angles), ops.sin(angles)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate (batch, seq, heads, head_dim) ``x`` in float32: ``x cos + rotate_half(x) sin``.
+
+    Under mixed precision Keras hands the block ``cos``/``sin`` in the compute dtype (float inputs
+    of a layer call are autocast); Transformers also casts them to the activations' dtype.
+    """
+    xf = ops.cast(x, "float32")
+    cos, sin = ops.cast(cos, "float32"), ops.cast(sin, "float32")
+    half = ops.shape(x)[-1] // 2
+    rotated = ops.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return ops.cast(xf * cos + rotated * sin, x.dtype)
+
+
+class ModernBertBlock(keras.layers.Layer):
+    """One pre-norm block: RoPE self-attention (global or sliding window), then a GeGLU MLP.
+
+    Args:
+        cfg: the model config.
+        layer: the block's index (block 0 has no attention LayerNorm; see :func:`is_global`).
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cfg, self.layer = cfg, layer
+        self.head_dim = cfg.hidden_size // cfg.num_heads
+        std_in = cfg.initializer_range
+        std_out = cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
+
+        def dense(units: int, bias: bool, std: float, name: str) -> keras.layers.Dense:
+            return keras.layers.Dense(
+                units, use_bias=bias, name=name, dtype=self.dtype_policy,
+                kernel_initializer=CutTruncatedNormal(std, cfg.initializer_cutoff_factor))
+
+        def norm(name: str) -> keras.layers.LayerNormalization:
+            return keras.layers.LayerNormalization(
+                epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name=name,
+                dtype=self.dtype_policy)
+
+        def dropout(rate: float, name: str) -> keras.layers.Dropout:
+            return keras.layers.Dropout(rate, name=name, dtype=self.dtype_policy)
+
+        self.attn_norm = norm("attn_norm") if layer > 0 else None
+        self.wqkv = dense(3 * cfg.hidden_size, cfg.attention_bias, std_in, "wqkv")
+        self.attn_out = dense(cfg.hidden_size, cfg.attention_bias, std_out, "attn_out")
+        self.mlp_norm = norm("mlp_norm")
+        self.wi = dense(2 * cfg.intermediate_size, cfg.mlp_bias, std_in, "wi")
+        self.mlp_out = dense(cfg.hidden_size, cfg.mlp_bias, std_out, "mlp_out")
+        self.act = _activation(cfg.activation)
+        self.probs_dropout = dropout(cfg.attention_dropout, "attention_probs_dropout")
+        self.attn_dropout = dropout(cfg.attention_dropout, "attention_output_dropout")
+        self.mlp_dropout = dropout(cfg.hidden_dropout, "mlp_dropout")
+
+    def build(self, input_shape) -> None:
+        for layer in (self.attn_norm, self.wqkv, self.attn_out, self.mlp_norm, self.wi):
+            if layer is not None:
+                layer.build(input_shape)
+        self.mlp_out.build((*input_shape[:-1], self.cfg.intermediate_size))
+        self.built = True
+
+    def _attend(self, x, rope, mask, training):
+        """Attention context (batch, seq, hidden); ``mask`` bool, broadcastable to (b, h, q, k)."""
+        batch, seq = ops.shape(x)[0], ops.shape(x)[1]
+        qkv = ops.reshape(self.wqkv(x), (batch, seq, 3, self.cfg.num_heads, self.head_dim))
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, seq, heads, head_dim)
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        scale = self.head_dim**-0.5
+        if training and self.cfg.attention_dropout > 0:
+            # dot_product_attention has no dropout on the probabilities: softmax explicitly.
+            logits = ops.cast(ops.einsum("bqhd,bkhd->bhqk", q, k), "float32") * scale
+            logits = ops.where(mask, logits, ops.cast(-1e9, "float32"))
+            probs = self.probs_dropout(ops.cast(ops.softmax(logits, axis=-1), v.dtype),
+                                       training=training)
+            context = ops.einsum("bhqk,bkhd->bqhd", probs, v)
+        else:
+            # Masks are finite large negatives inside: a query with no key left (padding, outside
+            # its window) averages uniformly instead of producing NaN.
+            context = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
+        return ops.reshape(context, (batch, seq, self.cfg.hidden_size))
+
+    def call(self, x, rope, mask, training=None):
+        h = x if self.attn_norm is None else self.attn_norm(x)
+        attended = self.attn_out(self._attend(h, rope, mask, training))
+        x = x + self.attn_dropout(attended, training=training)
+        gate_in, gate = ops.split(self.wi(self.mlp_norm(x)), 2, axis=-1)
+        return x + self.mlp_out(self.mlp_dropout(self.act(gate_in) * gate, training=training))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg), "layer": self.layer}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]):
+        config = dict(config)
+        return cls(ModelConfig(**config.pop("cfg")), **config)
+
+
+class ModernBertHead(keras.layers.Layer):
+    """``norm(act(dense(x)))`` then the decoder tied to the token embeddings, plus a bias.
+
+    Args:
+        cfg: the model config.
+        token_embedding: the ``keras.layers.Embedding`` whose table is the decoder (tied; its
+            variable lives in the embedding layer only).
+    """
+
+    def __init__(self, cfg: ModelConfig, token_embedding: keras.layers.Embedding,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cfg = cfg
+        self.token_embedding = token_embedding
+        std_out = cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
+        self.dense = keras.layers.Dense(
+            cfg.hidden_size, use_bias=cfg.classifier_bias, activation=_activation(cfg.activation),
+            kernel_initializer=CutTruncatedNormal(std_out, cfg.initializer_cutoff_factor),
+            name="dense", dtype=self.dtype_policy)
+        self.norm = keras.layers.LayerNormalization(
+            epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="norm", dtype=self.dtype_policy)
+
+    def build(self, input_shape) -> None:
+        self.dense.build(input_shape)
+        self.norm.build(input_shape)
+        self.bias = (self.add_weight(shape=(self.cfg.vocab_size,), initializer="zeros",
+                                     name="decoder_bias") if self.cfg.decoder_bias else None)
+        self.built = True
+
+    def call(self, x):
+        x = self.norm(self.dense(x))
+        table = ops.cast(self.token_embedding.embeddings, x.dtype)  # (vocab, hidden)
+        logits = ops.matmul(x, ops.transpose(table))
+        if self.bias is not None:
+            logits = logits + ops.cast(self.bias, x.dtype)
+        return ops.cast(logits, "float32")
+
+    def get_config(self) -> dict[str, Any]:
+        # The tied embedding is a live layer, not a setting: ModernBertMaskedLM passes it in.
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
+
+
+class ModernBertMaskedLM(keras.Model):
+    """ModernBERT encoder + MLM head; see the module docstring for inputs and outputs.
+
+    Args:
+        cfg: the model config (``architecture = "modernbert"``), or its fields as a dict.
+    """
+
+    def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cfg = cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+        common = dict(dtype=self.dtype_policy)
+        self.tok_embeddings = keras.layers.Embedding(
+            cfg.vocab_size, cfg.hidden_size, name="tok_embeddings", **common,
+            embeddings_initializer=CutTruncatedNormal(cfg.initializer_range,
+                                                      cfg.initializer_cutoff_factor))
+        self.embedding_norm = keras.layers.LayerNormalization(
+            epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="embedding_norm", **common)
+        self.embedding_dropout = keras.layers.Dropout(
+            cfg.hidden_dropout, name="embedding_dropout", **common)
+        self.blocks = [ModernBertBlock(cfg, i, name=f"layer_{i}", **common)
+                       for i in range(cfg.num_layers)]
+        self.final_norm = keras.layers.LayerNormalization(
+            epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="final_norm", **common)
+        self.head = ModernBertHead(cfg, self.tok_embeddings, name="head", **common)
+
+    def build(self, input_shape=None) -> None:
+        hidden = (None, None, self.cfg.hidden_size)
+        self.tok_embeddings.build((None, None))
+        for layer in (self.embedding_norm, self.final_norm, self.head, *self.blocks):
+            layer.build(hidden)
+        self.built = True
+
+    def _masks(self, inputs):
+        """``(global, local)`` bool attention masks, broadcastable to (batch, heads, q, k)."""
+        keys = ops.not_equal(inputs["attention_mask"], 0)  # (batch, seq)
+        segments = inputs.get("segment_ids")
+        if segments is None:
+            full = keys[:, None, None, :]  # (batch, 1, 1, k)
+        else:
+            same = ops.equal(segments[:, :, None], segments[:, None, :])
+            real_keys = ops.logical_and(keys, ops.not_equal(segments, 0))
+            full = ops.logical_and(same, real_keys[:, None, :])
+            full = full[:, None, :, :]  # (batch, 1, q, k)
+        seq = ops.shape(inputs["input_ids"])[1]
+        index = ops.arange(seq, dtype="int32")
+        near = ops.abs(index[:, None] - index[None, :]) <= self.cfg.local_attention // 2
+        return full, ops.logical_and(full, near[None, None, :, :])
+
+    def _ropes(self, inputs):
+        """``{is_global: (cos, sin)}`` for the layer kinds present."""
+        positions = inputs.get("position_ids")
+        if positions is None:
+            positions = ops.arange(ops.shape(inputs["input_ids"])[1], dtype="int32")[None, :]
+        head_dim = self.cfg.hidden_size // self.cfg.num_heads
+        kinds = {is_global(self.cfg, i) for i in range(self.cfg.num_layers)}
+        return {kind: rope_tables(positions, head_dim, self.cfg.global_rope_theta if kind
+                                  else self.cfg.local_rope_theta) for kind in kinds}
+
+    def call(self, inputs, training=None):
+        x = self.tok_embeddings(inputs["input_ids"])  # (batch, seq, hidden)
+        x = self.embedding_dropout(self.embedding_norm(x), training=training)
+        full, local = self._masks(inputs)
+        ropes = self._ropes(inputs)
+        for i, block in enumerate(self.blocks):
+            kind = is_global(self.cfg, i)
+            x = block(x, ropes[kind], full if kind else local, training=training)
+        positions = inputs.get("masked_positions")
+        if positions is not None:
+            # Gather before the (per-token) final norm and head: (batch, P, hidden).
+            index = ops.cast(positions, "int32")[:, :, None]
+            index = ops.broadcast_to(index, (*ops.shape(index)[:2], self.cfg.hidden_size))
+            x = ops.take_along_axis(x, index, axis=1)
+        return self.head(self.final_norm(x))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
