@@ -247,3 +247,9 @@ def _per_word_kinds(words, original, masked_input, selected, mask_id) -> np.ndar
                 assert not (got == mask_id).any(), "a word partly [MASK]"
                 counts[1] += 1
     return counts
+
+
+def test_whole_word_slots_allow_for_multi_piece_words():
+    assert whole_word_predictions(128, 0.15) == 68  # 19.2 + 6 * sqrt(4 * 128 * 0.1275)
+    assert whole_word_predictions(128, 0.15, pieces_per_word=1.0) == 44  # = max_predictions
+    assert whole_word_predictions(8, 1.0) == 8
