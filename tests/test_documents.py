@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_train_support import write_shards
+from words_support import demo_lines, packed_blocks, train_family
+
 from tpulm import inputs, tokenizer
 from tpulm.documents import document_features
 from tpulm.masking import Masker
-from words_support import demo_lines, packed_blocks, train_family
 
 CLS, PAD = 0, 3
 

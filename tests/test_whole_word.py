@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
+from words_support import FAMILIES, demo_lines, train_family
 
 from tpulm import tokenizer
 from tpulm.errors import TpulmError
 from tpulm.masking import WholeWordMasker, whole_word_predictions
 from tpulm.words import word_start_table
-from words_support import FAMILIES, demo_lines, train_family
 
 SPECIALS = ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
 PIECES = ["▁the", "▁cat", "s", "▁sat", "▁on", "▁mat", ".", "▁un", "believ", "able"]
