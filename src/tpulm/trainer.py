@@ -8,26 +8,12 @@ import time
 
 import numpy as np
 
-from tpulm import (
-    checkpoint,
-    distribute,
-    inputs,
-    metrics,
-    preflight,
-    rundir,
-    schedule,
-    tokenizer,
-    words,
-)
+from tpulm import checkpoint, distribute, inputs, metrics, preflight, rundir, schedule, tokenizer
+from tpulm import words
 from tpulm.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor
 from tpulm.config import as_table
 from tpulm.errors import TpulmError
-from tpulm.masking import (
-    Masker,
-    WholeWordMasker,
-    max_predictions,
-    whole_word_predictions,
-)
+from tpulm.masking import Masker, WholeWordMasker, max_predictions, whole_word_predictions
 from tpulm.train import (
     TrainConfig,
     TrainResult,
