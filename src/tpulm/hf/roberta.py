@@ -37,9 +37,7 @@ import logging
 from typing import Any
 
 from tpulm import config
-from tpulm.data.tokenizer import (
-    SpecialTokens,
-)
+from tpulm.data.tokenizer import SpecialTokens
 from tpulm.errors import TpulmError
 from tpulm.model.config import ModelConfig
 

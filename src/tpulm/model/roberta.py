@@ -11,6 +11,9 @@ Model inputs are a dict::
     input_ids        (batch, seq) int32
     attention_mask   (batch, seq) int, 1 = real token
     masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
+    segment_ids      (batch, seq) int32, optional: document of each token in a packed block (0 =
+                     padding); attention is then block-diagonal (same nonzero segment only)
+    position_ids     (batch, seq) int32, optional: position inside the document, from 0
 
 and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
 """
@@ -76,10 +79,14 @@ class RobertaEmbeddings(keras.layers.Layer):
         self.layer_norm.build((*input_shape, self.hidden_size))
         self.built = True
 
-    def call(self, input_ids, training=None):
+    def call(self, input_ids, position_ids=None, training=None):
         # (batch, seq): 1 for real tokens, 0 for padding, as RoBERTa derives it from the ids.
         not_pad = ops.cast(ops.not_equal(input_ids, self.pad_token_id), "int32")
-        position_ids = ops.cumsum(not_pad, axis=1) * not_pad + self.pad_token_id
+        if position_ids is None:  # one document per row: number the real tokens 1, 2, ...
+            position_ids = ops.cumsum(not_pad, axis=1)
+        else:  # packed documents: per-document positions from 0, shifted to RoBERTa's 1, 2, ...
+            position_ids = ops.cast(position_ids, "int32") + 1
+        position_ids = position_ids * not_pad + self.pad_token_id
         # Token type 0 everywhere: add row 0 of the table, (hidden,) broadcast over (batch, seq).
         token_type = ops.take(self.token_type_embeddings.embeddings, 0, axis=0)
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
@@ -161,7 +168,7 @@ class RobertaBlock(keras.layers.Layer):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], self.num_heads, self.head_dim))
 
     def _attend(self, x, mask, training):
-        """Multi-head attention; ``mask`` is (batch, 1, 1, seq) bool, True = attend."""
+        """Multi-head attention; ``mask`` is (batch, 1, 1 or seq, seq) bool, True = attend."""
         q, k, v = (self._split_heads(layer(x)) for layer in (self.query, self.key, self.value))
         scale = 1.0 / self.head_dim**0.5
         if training and self.attention_dropout > 0:
@@ -289,9 +296,15 @@ class RobertaMaskedLM(keras.Model):
 
     def call(self, inputs, training=None):
         input_ids = inputs["input_ids"]
-        # (batch, 1, 1, seq) bool: every query attends to the real (non-padding) keys only.
-        mask = ops.not_equal(inputs["attention_mask"], 0)[:, None, None, :]
-        x = self.embeddings(input_ids, training=training)  # (batch, seq, hidden)
+        segments = inputs.get("segment_ids")
+        if segments is None:
+            # (batch, 1, 1, seq) bool: every query attends to the real (non-padding) keys only.
+            mask = ops.not_equal(inputs["attention_mask"], 0)[:, None, None, :]
+        else:
+            # (batch, 1, seq, seq) bool, block-diagonal: a token attends to its own document only
+            # (padding, segment 0, attends to padding: finite softmax, outputs unused).
+            mask = ops.equal(segments[:, None, :, None], segments[:, None, None, :])
+        x = self.embeddings(input_ids, inputs.get("position_ids"), training=training)
         for block in self.blocks:
             x = block(x, mask, training=training)
         positions = inputs.get("masked_positions")

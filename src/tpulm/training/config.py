@@ -45,6 +45,10 @@ class TrainConfig:
     mlm_probability: float = setting(0.15, "share of maskable tokens selected for prediction")
     mask_token_rate: float = setting(0.8, "share of selected tokens replaced by [MASK]")
     random_token_rate: float = setting(0.1, "share of selected tokens replaced by a random token")
+    whole_word_mask: bool = setting(
+        False, "select whole words (all their pieces) for prediction, not single pieces")
+    document_attention: bool = setting(
+        False, "packed documents attend only within themselves, positions restart per document")
     seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
     shuffle_buffer: int = setting(10_000, "records per window of the sample shuffle")
     log_every: int = setting(100, "steps between train lines in metrics.jsonl")

@@ -10,7 +10,8 @@ fixed order, and a run resumed after ``n`` batches rebuilds the exact same strea
 
 Elements are Keras ``(x, y, sample_weight)`` triples: ``x`` = {``input_ids``, ``attention_mask``,
 ``masked_positions``}, ``y`` = ``masked_ids`` (B, P), ``sample_weight`` = ``masked_weights``
-(B, P).
+(B, P). With ``document_cls_id`` set, ``x`` also holds ``segment_ids`` and ``position_ids`` (B, S)
+(see :mod:`tpulm.training.documents`), computed from the unmasked ids.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tensorflow as tf
 from tpulm import storage
 from tpulm.data import shards
 from tpulm.errors import TpulmError
+from tpulm.training.documents import document_features
 from tpulm.training.masking import Masker
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -93,13 +95,16 @@ def _shard_for_pipeline(
     return files, shards.records_in(list(files)), context.get_per_replica_batch_size(batch_size)
 
 
-def _parse_and_mask(max_length: int, masker: Masker):
+def _parse_and_mask(max_length: int, masker: Masker, document_cls_id: int | None = None):
     spec = shards.feature_spec(max_length)
 
     def fn(seed, serialized):
         features = tf.io.parse_example(serialized, spec)  # (B, max_length) int64 each
         out = masker(features["input_ids"], features["attention_mask"], seed)
         x = {k: out[k] for k in ("input_ids", "attention_mask", "masked_positions")}
+        if document_cls_id is not None:  # from the original ids: a masked [CLS] cannot happen
+            x.update(document_features(
+                features["input_ids"], features["attention_mask"], document_cls_id))
         return x, out["masked_ids"], out["masked_weights"]
 
     return fn
@@ -114,6 +119,7 @@ def training_dataset(
     start_batch: int = 0,
     shuffle_buffer: int = 10_000,
     input_context: tf.distribute.InputContext | None = None,
+    document_cls_id: int | None = None,
 ) -> tf.data.Dataset:
     """Endless masked training batches, starting at batch ``start_batch`` of the stream.
 
@@ -125,6 +131,7 @@ def training_dataset(
         start_batch: batches of this pipeline already consumed (resume position).
         shuffle_buffer: records per window of the sample shuffle.
         input_context: set by ``tf.distribute`` for per-worker file sharding.
+        document_cls_id: the ``[CLS]`` id, to add ``segment_ids`` and ``position_ids``; None: off.
     """
     files, records, batch = _shard_for_pipeline(shard_set, batch_size, input_context)
     per_epoch = batches_per_epoch(records, batch)
@@ -135,15 +142,15 @@ def training_dataset(
         )
     pipeline = 0 if input_context is None else input_context.input_pipeline_id
     first_epoch, skip = divmod(start_batch, per_epoch)
-    epoch = _epoch_fn(files, batch, shard_set.max_length, masker, seed, pipeline,
-                      shuffle_buffer, first_epoch, skip)
+    parse_and_mask = _parse_and_mask(shard_set.max_length, masker, document_cls_id)
+    epoch = _epoch_fn(files, batch, parse_and_mask, seed, pipeline, shuffle_buffer,
+                      first_epoch, skip)
     ds = tf.data.Dataset.range(first_epoch, 2**62).flat_map(epoch)
     return ds.prefetch(AUTOTUNE)
 
 
-def _epoch_fn(files, batch, max_length, masker, seed, pipeline, shuffle_buffer, first_epoch, skip):
+def _epoch_fn(files, batch, parse_and_mask, seed, pipeline, shuffle_buffer, first_epoch, skip):
     """epoch (int64 tensor) -> that epoch's masked batches; ``skip`` batches off ``first_epoch``."""
-    parse_and_mask = _parse_and_mask(max_length, masker)
     files_t = tf.constant(files)
 
     def epoch(e):
@@ -183,6 +190,7 @@ def eval_dataset(
     seed: int,
     filler_ids: tuple[int, int],
     input_context: tf.distribute.InputContext | None = None,
+    document_cls_id: int | None = None,
 ) -> tf.data.Dataset:
     """All records once, in file order, with fixed masks (comparable across evaluations).
 
@@ -196,6 +204,7 @@ def eval_dataset(
         seed: fixes the masks.
         filler_ids: (cls id, pad id) for the filler rows.
         input_context: set by ``tf.distribute`` for per-worker file sharding.
+        document_cls_id: the ``[CLS]`` id, to add ``segment_ids`` and ``position_ids``; None: off.
     """
     files, records, batch = _shard_for_pipeline(shard_set, batch_size, input_context)
     length = shard_set.max_length
@@ -213,7 +222,7 @@ def eval_dataset(
     ds = ds.batch(batch, drop_remainder=True).enumerate()
     ds = ds.apply(tf.data.experimental.assert_cardinality(-(-records // batch)))
     base_seed = tf.constant([seed, 2**31 - 1], tf.int64)  # disjoint from training epochs
-    parse_and_mask = _parse_and_mask(length, masker)
+    parse_and_mask = _parse_and_mask(length, masker, document_cls_id)
     ds = ds.map(
         lambda i, raw: parse_and_mask(tf.random.experimental.stateless_fold_in(base_seed, i), raw),
         num_parallel_calls=AUTOTUNE,

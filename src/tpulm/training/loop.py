@@ -21,6 +21,7 @@ from tpulm.training import (
     preflight,
     schedule,
     strategies,
+    words,
 )
 from tpulm.training.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor
 from tpulm.training.config import (
@@ -31,7 +32,12 @@ from tpulm.training.config import (
     segment_length,
     steps_per_execution,
 )
-from tpulm.training.masking import Masker, max_predictions
+from tpulm.training.masking import (
+    Masker,
+    WholeWordMasker,
+    max_predictions,
+    whole_word_predictions,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +66,8 @@ class Trainer:
             cfg.run_dir, cfg.model, model_table, vocab, self.special.pad_id
         )
         self.train_set, self.eval_set = self._open_data()
-        self.masker = Masker(
-            vocab_size=vocab,
-            mask_id=self.special.mask_id,
-            special_ids=self.special.ids,
-            num_predictions=max_predictions(self.train_set.max_length, cfg.mlm_probability),
-            mlm_probability=cfg.mlm_probability,
-            mask_token_rate=cfg.mask_token_rate,
-            random_token_rate=cfg.random_token_rate,
-        )
+        self.masker = self._masker(self.tokenizer.tokenizer, vocab)
+        self.document_cls_id = self.special.cls_id if cfg.document_attention else None
         placement = strategies.Placement(
             cfg.tpu, cfg.tpu_zone, cfg.gcp_project, mesh=cfg.mesh, model=self.model_cfg)
         self.strategy, self.strategy_name = strategies.make_strategy(placement)
@@ -77,6 +76,20 @@ class Trainer:
         self.total_steps = self._total_steps()
         self.tokens_per_step = self.global_batch * self.accumulation * self.train_set.max_length
         self.segment = min(segment_length(cfg), self.total_steps)
+
+    def _masker(self, tok, vocab: int) -> Masker:
+        """Token-level or whole-word masking, as ``cfg.whole_word_mask`` says."""
+        cfg, length = self.cfg, self.train_set.max_length
+        common = dict(
+            vocab_size=vocab, mask_id=self.special.mask_id, special_ids=self.special.ids,
+            mlm_probability=cfg.mlm_probability, mask_token_rate=cfg.mask_token_rate,
+            random_token_rate=cfg.random_token_rate,
+        )
+        if not cfg.whole_word_mask:
+            return Masker(num_predictions=max_predictions(length, cfg.mlm_probability), **common)
+        return WholeWordMasker(
+            num_predictions=whole_word_predictions(length, cfg.mlm_probability),
+            word_starts=tuple(words.word_start_table(tok).tolist()), **common)
 
     def _open_data(self):
         cfg = self.cfg
@@ -154,6 +167,7 @@ class Trainer:
                 self.train_set, batch_size=self.global_batch, masker=self.masker,
                 seed=self.cfg.seed, start_batch=start_batch,
                 shuffle_buffer=self.cfg.shuffle_buffer, input_context=context,
+                document_cls_id=self.document_cls_id,
             )
 
         def evaluate(context=None):
@@ -161,6 +175,7 @@ class Trainer:
                 self.eval_set, batch_size=self.global_batch, masker=self.masker,
                 seed=self.cfg.seed, input_context=context,
                 filler_ids=(self.special.cls_id, self.special.pad_id),
+                document_cls_id=self.document_cls_id,
             )
 
         make_eval = evaluate if self.eval_set is not None else None
