@@ -8,7 +8,7 @@ from importlib import resources
 import pytest
 
 from tpulm import config, pipeline
-from tpulm.model.roberta import config as model
+from tpulm.model import config as model
 
 SHIPPED = sorted(p.name for p in (resources.files("tpulm") / "configs").iterdir()
                  if p.name.endswith(".toml"))

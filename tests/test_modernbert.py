@@ -24,7 +24,7 @@ from tpulm.hf import modernbert as hf_modernbert  # noqa: E402
 from tpulm.model import weights  # noqa: E402
 from tpulm.model.config import ModelConfig, load_model_preset  # noqa: E402
 from tpulm.model.networks import build_model  # noqa: E402
-from tpulm.model.roberta import config as model_config  # noqa: E402
+from tpulm.model import config as model_config  # noqa: E402
 
 TOL = 1e-4
 PAD = 3
