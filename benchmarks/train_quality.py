@@ -26,7 +26,7 @@ SEQ, BATCH, VOCAB, LR = 128, 32, 4096, 1e-3
 
 
 def prepare(root: Path) -> dict[str, Path]:
-    from test_train_support import blocks, make_tokenizer, wikitext_lines, write_shards
+    from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
     train_lines, eval_lines = wikitext_lines(WIKITEXT, "valid"), wikitext_lines(WIKITEXT, "test")
     tok = make_tokenizer(root / "tokenizer", train_lines + eval_lines, vocab_size=VOCAB)

@@ -36,7 +36,7 @@ SEQ, BATCH, VOCAB = 128, 32, 8192
 
 def prepare(root: Path) -> dict[str, Path]:
     """Tokenizer (vocab 8192) on WikiText-2 valid+test, and shards of 128-token blocks."""
-    from test_train_support import blocks, make_tokenizer, wikitext_lines, write_shards
+    from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
     lines = wikitext_lines(WIKITEXT, "valid") + wikitext_lines(WIKITEXT, "test")
     tok = make_tokenizer(root / "tokenizer", lines, vocab_size=VOCAB)
