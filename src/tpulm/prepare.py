@@ -63,6 +63,13 @@ class PrepareConfig:
         False, "pad the final partial block (attention_mask 0) instead of dropping it"
     )
     progress: bool = config.setting(True, "show a progress bar")
+    runner: str | None = config.setting(
+        None, "run as an Apache Beam pipeline on this runner (DirectRunner, DataflowRunner, "
+        "FlinkRunner, SparkRunner, PortableRunner ...); default: this machine, without Beam"
+    )
+    beam_options: tuple[str, ...] = config.setting(
+        (), "Beam pipeline options as KEY=VALUE (flag --beam-option, repeatable)", cli=False
+    )
 
     def __post_init__(self) -> None:
         low, high = MAX_LENGTH_RANGE
@@ -379,7 +386,8 @@ def _pack_all(plan: _Plan, cfg: PrepareConfig, tok, resume: _Resume, pad_id: int
     return packer, dropped, added
 
 
-def _manifest(plan: _Plan, cfg: PrepareConfig, packer: _Packer, vocab_size: int, dropped: int):
+def _manifest(plan: _Plan, cfg: PrepareConfig, done: list, stats: dict, vocab_size: int):
+    """The manifest of a finished split (also written by ``tpulm.beam_prepare``)."""
     keys = ("tokenizer_fingerprint", "max_length")
     arguments = {k: v for k, v in plan.identity.items() if k not in keys}
     arguments.update(tokenizer=cfg.tokenizer, batch_size=cfg.batch_size,
@@ -388,10 +396,10 @@ def _manifest(plan: _Plan, cfg: PrepareConfig, packer: _Packer, vocab_size: int,
         tokenizer_fingerprint=plan.identity["tokenizer_fingerprint"],
         vocab_size=vocab_size,
         max_length=cfg.max_length,
-        shards=tuple(packer.done),
+        shards=tuple(done),
         source=plan.source.describe(),
         arguments=arguments,
-        stats={"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped},
+        stats=stats,
     )
 
 
@@ -416,7 +424,8 @@ def prepare_split(plan: _Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size:
             f"{_where(plan.source)} has {packer.pos} tokens, fewer than one block of max_length "
             f"{cfg.max_length}; lower --max-length or pass --pad-remainder"
         )
-    manifest = _manifest(plan, cfg, packer, vocab_size, dropped)
+    stats = {"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped}
+    manifest = _manifest(plan, cfg, packer.done, stats, vocab_size)
     shards.write_manifest(plan.split_dir, manifest)
     progress = storage.join(plan.split_dir, PROGRESS_NAME)
     if storage.exists(progress):
@@ -448,6 +457,14 @@ def _summary(plan: _Plan, manifest: shards.Manifest, seconds: float, added: int,
     )
 
 
+def packing_tokenizer(tokenizer_dir: str):
+    """The tokenizer of ``tokenizer_dir`` set to encode whole samples (also used by Beam workers)."""
+    tok = tokenizer.load_tokenizer(tokenizer_dir)
+    tok.no_truncation()  # a saved truncation/padding setting would cut or pad samples
+    tok.no_padding()
+    return tok
+
+
 def run(cfg: PrepareConfig) -> PrepareResult:
     """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``.
 
@@ -457,13 +474,15 @@ def run(cfg: PrepareConfig) -> PrepareResult:
     Returns:
         A :class:`PrepareResult` with one :class:`SplitSummary` per split.
     """
+    if cfg.runner:
+        from tpulm import beam_prepare
+
+        return beam_prepare.run(cfg)
     sources = cfg.sources()
     for source in sources.values():
         if source.files:
             corpus.resolve_files(source.files)  # a missing input fails before anything is written
-    tok = tokenizer.load_tokenizer(cfg.tokenizer)
-    tok.no_truncation()  # a saved truncation/padding setting would cut or pad samples
-    tok.no_padding()
+    tok = packing_tokenizer(cfg.tokenizer)
     specials = tokenizer.special_tokens(cfg.tokenizer)
     fp = tokenizer.fingerprint(cfg.tokenizer)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
