@@ -71,10 +71,19 @@ def pipeline_options(cfg: PrepareConfig):
 
 
 def create_runner(name: str):
-    """The Beam runner called ``name`` (``DirectRunner``, ``DataflowRunner`` ... or a class path)."""
+    """The Beam runner called ``name`` (``DirectRunner``, ``DataflowRunner`` ... or a class path).
+
+    ``DirectRunner`` is Beam's in-process Python runner (the FnApiRunner): Beam's own
+    DirectRunner first tries Prism, which downloads a binary from GitHub, and falls back to that
+    same runner; ask for ``PrismRunner`` by name to use Prism.
+    """
     _import_beam()
     from apache_beam.runners.runner import create_runner as beam_create_runner
 
+    if name.lower() in ("direct", "directrunner"):
+        from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+        return FnApiRunner()
     try:
         return beam_create_runner(name)
     except ValueError:
@@ -87,7 +96,8 @@ def create_runner(name: str):
 
 
 # ---------------------------------------------------------------------------------------------
-# Pipeline steps (module level, so every runner can pickle them)
+# Pipeline steps (module level, so every runner can pickle them). They carry no type
+# annotations: Beam reads them as type hints and logs every one it cannot resolve.
 
 
 class _Tokenize(_DoFn):
@@ -101,7 +111,7 @@ class _Tokenize(_DoFn):
     def setup(self) -> None:
         self.tok = prepare.packing_tokenizer(self.cfg.tokenizer)  # once per worker
 
-    def process(self, element: tuple[int, str]):
+    def process(self, element):
         index, path = element
         one_file = dataclasses.replace(self.source, files=(path,))
         batches = corpus.iter_batches(one_file, self.cfg.batch_size, keep_empty=self.cfg.keep_empty)
@@ -110,12 +120,12 @@ class _Tokenize(_DoFn):
             yield (index, number), (len(lengths), flat.astype(np.int32))
 
 
-def _count(element) -> tuple[tuple[int, int], int, int]:
+def _count(element):
     key, (samples, ids) = element
     return key, samples, len(ids)
 
 
-def _layout(counts: list) -> dict[str, Any]:
+def _layout(counts):
     """Stream offset of every (file, batch), and the split's totals."""
     offsets, tokens, samples = {}, 0, 0
     for key, n_samples, n_tokens in sorted(counts):
@@ -125,7 +135,7 @@ def _layout(counts: list) -> dict[str, Any]:
     return {"offsets": offsets, "tokens": tokens, "samples": samples}
 
 
-def _cut(element, layout: dict[str, Any], shard_tokens: int):
+def _cut(element, layout, shard_tokens):
     """A batch's ids -> (shard index, (stream position, ids)) pieces, cut at shard boundaries."""
     key, (_, ids) = element
     start = layout["offsets"][key]
@@ -169,7 +179,7 @@ class _WriteShard(_DoFn):
         yield from infos + ([last] if last else [])
 
 
-def _finish(infos: list, layout: dict[str, Any], plan, cfg: PrepareConfig, vocab_size: int) -> None:
+def _finish(infos, layout, plan, cfg, vocab_size):
     """Write the manifest last, or record why there is none (read back by the driver)."""
     tokens = layout["tokens"]
     where = prepare._where(plan.source)
