@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 
-from tpulm import democorpus, prepare, shards, storage, tokenizer  # noqa: E402
+from tpulm import democorpus, prepare, shards, storage, tokenizer
 
 MAX_LENGTH, SHARD_SIZE, BATCH = 128, 1000, 1000
 

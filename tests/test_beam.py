@@ -9,9 +9,18 @@ import pytest
 
 pytest.importorskip("apache_beam")
 
-from tpulm import beam_prepare, cli, democorpus, inspect_shards, prepare, shards, storage, tokenizer  # noqa: E402
-from tpulm.errors import TpulmError  # noqa: E402
-from tpulm.prepare import PrepareConfig  # noqa: E402
+from tpulm import (
+    beam_prepare,
+    cli,
+    democorpus,
+    inspect_shards,
+    prepare,
+    shards,
+    storage,
+    tokenizer,
+)
+from tpulm.errors import TpulmError
+from tpulm.prepare import PrepareConfig
 
 PACKAGES = ("email", "logging", "unittest")  # real English prose from the stdlib's docstrings
 
@@ -38,9 +47,9 @@ def tok_dir(tmp_path_factory, corpus_files) -> str:
 
 
 def settings(tok_dir: str, corpus_files: list[str], output: Path, **kw) -> PrepareConfig:
-    base = dict(tokenizer=tok_dir, output=str(output), train_files=tuple(corpus_files[:2]),
-                validation_files=(corpus_files[2],), max_length=64, shard_size=40,
-                batch_size=100, progress=False)
+    base = {"tokenizer": tok_dir, "output": str(output), "train_files": tuple(corpus_files[:2]),
+                "validation_files": (corpus_files[2],), "max_length": 64, "shard_size": 40,
+                "batch_size": 100, "progress": False}
     return PrepareConfig(**{**base, **kw})
 
 
@@ -124,12 +133,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path, tok_dir, corpus_files):
     invalid = tmp_path / "invalid.txt"
     invalid.write_bytes(b"A few words.\n\xff\n")
     cases = [
-        (dict(runner="NoSuchRunner"), "unknown Beam runner 'NoSuchRunner'"),
-        (dict(runner="DirectRunner", train_files=(str(tmp_path / "missing.txt"),)), "matches no file"),
-        (dict(runner="DirectRunner", beam_options=("=1",)), "must look like KEY=VALUE"),
-        (dict(runner="DirectRunner", train_files=(str(empty),)), "no (non-empty) samples"),
-        (dict(runner="DirectRunner", train_files=(str(short),)), "fewer than one block"),
-        (dict(runner="DirectRunner", train_files=(str(invalid),)), "not valid UTF-8 at byte 13"),
+        ({"runner": "NoSuchRunner"}, "unknown Beam runner 'NoSuchRunner'"),
+        ({"runner": "DirectRunner", "train_files": (str(tmp_path / "missing.txt"),)}, "matches no file"),
+        ({"runner": "DirectRunner", "beam_options": ("=1",)}, "must look like KEY=VALUE"),
+        ({"runner": "DirectRunner", "train_files": (str(empty),)}, "no (non-empty) samples"),
+        ({"runner": "DirectRunner", "train_files": (str(short),)}, "fewer than one block"),
+        ({"runner": "DirectRunner", "train_files": (str(invalid),)}, "not valid UTF-8 at byte 13"),
     ]
     for i, (kw, message) in enumerate(cases):
         cfg = settings(tok_dir, corpus_files, tmp_path / f"out{i}", validation_files=(), **kw)
@@ -153,3 +162,14 @@ def test_cli_runner_and_beam_options(tmp_path, tok_dir, corpus_files, capsys):
     assert cli.main(["data", "prepare", "--config", str(config_file), "--output", str(out / "x"),
                      "--train-files", corpus_files[2], "--runner", "Nope"]) == 2
     assert "unknown Beam runner 'Nope'" in capsys.readouterr().err
+
+
+def test_runner_names_and_options_reach_beam(tmp_path):
+    for name in ("DataflowRunner", "FlinkRunner", "SparkRunner", "PortableRunner", "PrismRunner"):
+        assert type(beam_prepare.create_runner(name)).__name__ == name
+    assert type(beam_prepare.create_runner("DirectRunner")).__name__ == "FnApiRunner"  # in-process
+    cfg = PrepareConfig(train_files=("x",), runner="DataflowRunner", beam_options=(
+        "project=my-project", "--region=europe-west4", "direct_num_workers=2", "save_main_session"))
+    options = beam_prepare.pipeline_options(cfg).get_all_options()
+    assert (options["project"], options["region"]) == ("my-project", "europe-west4")
+    assert options["direct_num_workers"] == 2 and options["save_main_session"] is True

@@ -80,14 +80,10 @@ def test_prepare_from_gs_writes_the_same_shards(gcs, local_corpus, tmp_path):
     tok = str(tmp_path / "tok")
     tokenizer.run(tokenizer.TokenizerConfig(
         inputs=(str(local_corpus / "logging.txt"),), output=tok, vocab_size=600, unk_rate_samples=1))
-    common = dict(tokenizer=tok, max_length=64, shard_size=50, progress=False)
+    common = {"tokenizer": tok, "max_length": 64, "shard_size": 50, "progress": False}
     runs = {"disk": (str(local_corpus / "*.txt"),), "gs": (f"{remote}/*.txt",)}
-    try:
-        import apache_beam  # noqa: F401
-
+    if importlib.util.find_spec("apache_beam") is not None:
         runs["gs-beam"] = runs["gs"]
-    except ImportError:
-        pass
     got = {}
     for name, patterns in runs.items():
         out = str(tmp_path / name)

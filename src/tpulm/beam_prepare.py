@@ -274,7 +274,8 @@ def _split_result(plan, seconds: float, resumed: int) -> prepare.SplitSummary:
     if manifest is None:
         path = storage.join(plan.split_dir, prepare.PROGRESS_NAME)
         state = prepare._read_json(path) if storage.exists(path) else {}
-        raise TpulmError(state.get(ERROR_KEY) or f"the Beam pipeline wrote no manifest in {plan.split_dir}")
+        problem = state.get(ERROR_KEY) or f"the Beam pipeline wrote no manifest in {plan.split_dir}"
+        raise TpulmError(problem)
     added = manifest.stats.get("tokens", 0) if resumed == 0 else 0
     return prepare._summary(plan, manifest, seconds, added, resumed)
 
@@ -303,7 +304,7 @@ def run(cfg: PrepareConfig) -> prepare.PrepareResult:
             pipeline.run().wait_until_finish()
         except TpulmError:
             raise
-        except Exception as err:  # runners wrap worker errors in their own types
+        except Exception as err:  # noqa: BLE001 - runners wrap worker errors in their own types
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise TpulmError(f"the Beam pipeline on {cfg.runner} failed: {first}") from None
     seconds = time.perf_counter() - start
