@@ -8,9 +8,9 @@ on the local path; the packing unit is the split, not a file or a bundle. Per sp
 
 1. ``Create`` the sorted file list, ``Reshuffle`` it across workers; each worker reads a file and
    tokenizes it in batches (the tokenizer is loaded once per worker, in ``DoFn.setup``), emitting
-   ``((file index, batch index), ids)``.
-2. The token count of every batch goes to one small side input, the layout: where each batch
-   starts in the split's stream.
+   ``(file index, (samples, offset of the batch in the file's tokens, ids))``.
+2. Token counts summed per file go to one small side input (an entry per file), the layout:
+   where each file starts in the split's stream.
 3. Each batch is cut at shard boundaries (``shard_size * max_length`` tokens) into pieces keyed by
    shard index; ``GroupByKey`` brings a shard's pieces together, which are put in stream order,
    reshaped into blocks and written by :class:`tpulm.shards.ShardWriter` (temporary name, then
@@ -101,7 +101,8 @@ def create_runner(name: str):
 
 
 class _Tokenize(_DoFn):
-    """(file index, path) -> ((file index, batch index), (samples, ids int32 (tokens,)))."""
+    """(file index, path) -> per batch (file index, (samples, offset in the file's tokens,
+    ids int32 (tokens,)))."""
 
     def __init__(self, cfg: PrepareConfig, source: corpus.Source):
         super().__init__()
@@ -115,21 +116,32 @@ class _Tokenize(_DoFn):
         index, path = element
         one_file = dataclasses.replace(self.source, files=(path,))
         batches = corpus.iter_batches(one_file, self.cfg.batch_size, keep_empty=self.cfg.keep_empty)
-        for number, batch in enumerate(batches):
+        offset = 0
+        for batch in batches:
             flat, lengths = prepare._flatten(self.tok.encode_batch_fast(batch))
-            yield (index, number), (len(lengths), flat.astype(np.int32))
+            yield index, (len(lengths), offset, flat.astype(np.int32))
+            offset += len(flat)
 
 
 def _count(element):
-    key, (samples, ids) = element
-    return key, samples, len(ids)
+    index, (samples, _, ids) = element
+    return index, (samples, len(ids))
+
+
+def _add_pairs(pairs):
+    """Sum of (samples, tokens) pairs (a combiner: also applied to partial sums)."""
+    samples, tokens = 0, 0
+    for a, b in pairs:
+        samples, tokens = samples + a, tokens + b
+    return samples, tokens
 
 
 def _layout(counts):
-    """Stream offset of every (file, batch), and the split's totals."""
+    """Where each file's tokens start in the split's stream, and the split's totals; one entry
+    per file, so the side input stays small."""
     offsets, tokens, samples = {}, 0, 0
-    for key, n_samples, n_tokens in sorted(counts):
-        offsets[key] = tokens
+    for index, (n_samples, n_tokens) in sorted(counts):
+        offsets[index] = tokens
         tokens += n_tokens
         samples += n_samples
     return {"offsets": offsets, "tokens": tokens, "samples": samples}
@@ -137,8 +149,8 @@ def _layout(counts):
 
 def _cut(element, layout, shard_tokens):
     """A batch's ids -> (shard index, (stream position, ids)) pieces, cut at shard boundaries."""
-    key, (_, ids) = element
-    start = layout["offsets"][key]
+    index, (_, within, ids) = element
+    start = layout["offsets"][index] + within
     pos = 0
     while pos < len(ids):
         shard = (start + pos) // shard_tokens
@@ -224,6 +236,7 @@ def _add_split(pipeline, plan, files: list[str], cfg: PrepareConfig, pad_id: int
     layout = beam.pvalue.AsSingleton(
         tokenized
         | f"{label}/count" >> beam.Map(_count)
+        | f"{label}/count per file" >> beam.CombinePerKey(_add_pairs)
         | f"{label}/gather counts" >> beam.CombineGlobally(beam.combiners.ToListCombineFn())
         | f"{label}/layout" >> beam.Map(_layout)
     )
