@@ -125,7 +125,6 @@ def steps_for_budget(name: str, arm: dict, data: dict, root: Path, budget: float
 
 def eval_loss_at_15(run_dir: Path, data: dict, document_attention: bool) -> list[tuple[float, int, float]]:
     """(training seconds, step, masked-token loss at 15% masking) of every checkpoint."""
-    import numpy as np
     import tensorflow as tf
 
     from tpulm import rundir

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.words import demo_lines, packed_blocks, train_family
 from support.training import write_shards
+from support.words import demo_lines, packed_blocks, train_family
 
 from tpulm.data import tokenizer
 from tpulm.training import inputs

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tpulm import cli
-from tpulm.data import inspect, prepare, shards, tokenizer
+from tpulm.data import inspect, preparation, prepare, shards, tokenizer
 from tpulm.data.inspect import InspectConfig
 
 
@@ -114,7 +114,7 @@ def test_wrong_schema(damaged):
 
 def test_interrupted_run_and_leftovers(damaged):
     (damaged / "manifest.json").unlink()
-    (damaged / prepare.PROGRESS_NAME).write_text("{}")
+    (damaged / preparation.PROGRESS_NAME).write_text("{}")
     (damaged / "dataset-9.tmp-0123456789ab").write_bytes(b"partial")
     found = problems(damaged)
     assert "`tpulm data prepare` was interrupted here: rerun it to finish" in found

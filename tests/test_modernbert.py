@@ -21,10 +21,10 @@ from tpulm.data.tokenizer import SpecialTokens  # noqa: E402
 from tpulm.errors import TpulmError  # noqa: E402
 from tpulm.hf import convert, export, folder, importer  # noqa: E402
 from tpulm.hf import modernbert as hf_modernbert  # noqa: E402
+from tpulm.model import config as model_config  # noqa: E402
 from tpulm.model import weights  # noqa: E402
 from tpulm.model.config import ModelConfig, load_model_preset  # noqa: E402
 from tpulm.model.networks import build_model  # noqa: E402
-from tpulm.model import config as model_config  # noqa: E402
 
 TOL = 1e-4
 PAD = 3

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tpulm import cli, storage
-from tpulm.data import prepare, shards, tokenizer
+from tpulm.data import preparation, prepare, shards, tokenizer
 from tpulm.data.prepare import PrepareConfig
 from tpulm.errors import TpulmError
 
@@ -190,12 +190,12 @@ def test_resume_after_a_crash_gives_identical_shards(tmp_path, tok_dir, small_co
         if where.startswith("while"):
             crash_on_call(patch, shards.ShardWriter, "_finish", 4)
         else:  # progress is saved once before shard 0 is renamed, then after each shard
-            crash_on_call(patch, prepare, "_write_progress", 4)
+            crash_on_call(patch, preparation, "write_progress", 4)
         with pytest.raises(RuntimeError, match="simulated crash"):
             prepare.run(small_config(tok_dir, small_corpus, crashed))
     names = sorted(os.listdir(crashed / "train"))
-    assert names == ["dataset-0-7.tfrecord", "dataset-1-7.tfrecord", "dataset-2-7.tfrecord", prepare.PROGRESS_NAME]
-    resume = json.loads((crashed / "train" / prepare.PROGRESS_NAME).read_text())["resume"]
+    assert names == ["dataset-0-7.tfrecord", "dataset-1-7.tfrecord", "dataset-2-7.tfrecord", preparation.PROGRESS_NAME]
+    resume = json.loads((crashed / "train" / preparation.PROGRESS_NAME).read_text())["resume"]
     assert resume["shards"] == (3 if where.startswith("while") else 2)
     assert resume["skip_tokens"] > 0  # the boundary lies inside a sample
     result = prepare.run(small_config(tok_dir, small_corpus, crashed))

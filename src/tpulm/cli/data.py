@@ -26,6 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     prepare.add_argument("--config", help="TOML file whose [data] table sets the settings")
     config.add_arguments(prepare, PrepareConfig)
+    prepare.add_argument(
+        "--beam-option", dest="beam_options", action="append", metavar="KEY=VALUE",
+        help="a Beam pipeline option for --runner, e.g. project=my-project (repeatable)",
+    )
     prepare.set_defaults(func=_prepare)
     inspect = commands.add_parser(
         "inspect",

@@ -15,7 +15,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tpulm import storage
+from tpulm.data import fsspec_io
 from tpulm.errors import TpulmError
 
 CHUNK_BYTES = 4 << 20  # bytes read per call; lines are cut at the last newline of a chunk
@@ -27,7 +27,9 @@ class Source:
     """Where the samples of one split come from: ``files`` or a 🤗 ``dataset``.
 
     Args:
-        files: paths or glob patterns (local or any ``tf.io.gfile`` scheme), read in sorted order.
+        files: paths or glob patterns (local, any fsspec scheme such as ``gs://``, ``s3://``,
+            ``hf://``, ``az://``, or ``tf.io.gfile``'s ``ram://``; see ``tpulm.data.fsspec_io``), read
+            in sorted order.
         dataset: a 🤗 datasets name, streamed (used when ``files`` is empty).
         dataset_config: the dataset's configuration name, e.g. ``wikitext-2-raw-v1``.
         split: the dataset split, e.g. ``train``.
@@ -70,9 +72,9 @@ def resolve_files(patterns: tuple[str, ...]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         if any(ch in pattern for ch in "*?["):
-            matches = [m for m in storage.glob(pattern) if not storage.isdir(m)]
+            matches = fsspec_io.glob(pattern)
         else:
-            matches = [pattern] if storage.exists(pattern) and not storage.isdir(pattern) else []
+            matches = [pattern] if fsspec_io.exists(pattern) and not fsspec_io.isdir(pattern) else []
         if not matches:
             raise TpulmError(f"input {pattern} matches no file; check the path")
         files.extend(m for m in matches if m not in files)
@@ -97,7 +99,7 @@ def _raw_lines(path: str, errors: str) -> Iterator[str]:
     """
     offset = 0  # file offset of ``pending``
     pending = b""
-    with storage.open_file(path, "rb") as f:
+    with fsspec_io.open_file(path, "rb") as f:
         while True:
             chunk = f.read(CHUNK_BYTES)
             data = pending + chunk
@@ -142,7 +144,7 @@ def read_parquet(path: str, source: Source) -> Iterator[str]:
     """Parquet: the ``text_field`` column, read one record batch at a time."""
     import pyarrow.parquet as pq
 
-    with storage.open_file(path, "rb") as f:
+    with fsspec_io.open_file(path, "rb") as f:
         try:
             parquet = pq.ParquetFile(f)
         except Exception as err:  # pyarrow raises several types for non-Parquet input

@@ -70,7 +70,7 @@ def _split_dirs(path: str) -> list[str]:
 
 
 def _check_names(report: SplitReport, files: list[str]) -> None:
-    from tpulm.data.prepare import PROGRESS_NAME
+    from tpulm.data.preparation import PROGRESS_NAME
 
     indices = [shards.parse_shard_name(f)[0] for f in files]
     if indices != list(range(len(indices))):

@@ -14,9 +14,6 @@ rewrites anything later with identical bytes; the manifest is written last.
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-import json
 import logging
 import queue
 import sys
@@ -27,200 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, storage
-from tpulm.data import corpus, shards, tokenizer
+from tpulm import storage
+from tpulm.data import corpus, preparation, shards
+from tpulm.data.preparation import PrepareConfig
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
-
-PROGRESS_NAME = "prepare-progress.json"
-MAX_LENGTH_RANGE = (2, 65536)
-SPLITS = ("train", "validation", "test")
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareConfig:
-    """Settings of ``tpulm data prepare`` (TOML table ``[data]``)."""
-
-    tokenizer: str = config.setting("tokenizer", "tokenizer folder (from `tpulm tokenizer train`)")
-    output: str = config.setting("data", "output folder; one sub-folder per split (local or gs://)")
-    train_files: tuple[str, ...] = config.setting((), "files/globs of the train split")
-    validation_files: tuple[str, ...] = config.setting((), "files/globs of the validation split")
-    test_files: tuple[str, ...] = config.setting((), "files/globs of the test split")
-    dataset: str | None = config.setting(None, "🤗 datasets name to stream instead of files")
-    dataset_config: str | None = config.setting(None, "🤗 dataset config, e.g. wikitext-2-raw-v1")
-    dataset_splits: tuple[str, ...] = config.setting(SPLITS, "🤗 dataset splits to prepare")
-    text_field: str = config.setting("text", "field holding the text in .jsonl/.parquet/datasets")
-    encoding_errors: str = config.setting(
-        "strict", "invalid UTF-8: strict (error) or replace", choices=corpus.ENCODING_ERRORS
-    )
-    max_length: int = config.setting(128, "tokens per block")
-    shard_size: int = config.setting(1000, "records (blocks) per shard")
-    batch_size: int = config.setting(1000, "samples tokenized per batch")
-    keep_empty: bool = config.setting(
-        False, "keep empty lines (reference behaviour: each adds a [CLS][SEP] pair)"
-    )
-    pad_remainder: bool = config.setting(
-        False, "pad the final partial block (attention_mask 0) instead of dropping it"
-    )
-    progress: bool = config.setting(True, "show a progress bar")
-
-    def __post_init__(self) -> None:
-        low, high = MAX_LENGTH_RANGE
-        if not low <= self.max_length <= high:
-            raise TpulmError(f"max_length {self.max_length} is out of range [{low}, {high}]")
-        if self.shard_size < 1 or self.batch_size < 1:
-            raise TpulmError("shard_size and batch_size must be >= 1")
-
-    def sources(self) -> dict[str, corpus.Source]:
-        """Split name -> where its samples come from."""
-        common = dict(text_field=self.text_field, encoding_errors=self.encoding_errors)
-        files = {
-            "train": self.train_files,
-            "validation": self.validation_files,
-            "test": self.test_files,
-        }
-        files = {split: patterns for split, patterns in files.items() if patterns}
-        if files and self.dataset:
-            raise TpulmError("give either split files (--train-files ...) or --dataset, not both")
-        if files:
-            return {split: corpus.Source(files=p, **common) for split, p in files.items()}
-        if self.dataset:
-            return {
-                split: corpus.Source(
-                    dataset=self.dataset, dataset_config=self.dataset_config, split=split, **common
-                )
-                for split in self.dataset_splits
-            }
-        raise TpulmError("no input: pass --train-files (and/or validation/test files) or --dataset")
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitSummary:
-    """Counts of one prepared split (whole split, including shards of an earlier, resumed run)."""
-
-    split: str
-    path: str
-    samples: int
-    tokens: int  # tokens of all samples, i.e. the length of the packed stream
-    blocks: int
-    shards: int
-    tokens_dropped: int  # the final remainder (0 with pad_remainder)
-    seconds: float  # this run only
-    tokens_per_second: float  # tokens tokenized and written by this run / seconds
-    resumed_at_shard: int  # 0 for a fresh run; -1 when the split was already complete
-
-
-@dataclasses.dataclass(frozen=True)
-class PrepareResult:
-    output: str
-    splits: dict[str, SplitSummary]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """Everything fixed for one split: where, what, and the identity a rerun must match."""
-
-    split: str
-    split_dir: str
-    source: corpus.Source
-    identity: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class _Resume:
-    """Where a split continues: after ``shards`` full shards, at sample ``next_sample`` of which
-    the first ``skip_tokens`` tokens are already in those shards."""
-
-    shards: int = 0
-    next_sample: int = 0
-    skip_tokens: int = 0
-
-
-# ---------------------------------------------------------------------------------------------
-# Identity checks and resume
-
-
-def _identity(cfg: PrepareConfig, source: corpus.Source, fp: str) -> dict[str, Any]:
-    """Settings that decide the shards' bytes. encoding_errors is not among them: a prefix that
-    decoded strictly decodes identically with 'replace', so switching it may resume a run."""
-    return {
-        "tokenizer_fingerprint": fp,
-        "max_length": cfg.max_length,
-        "shard_size": cfg.shard_size,
-        "source": source.describe(),
-        "keep_empty": cfg.keep_empty,
-        "pad_remainder": cfg.pad_remainder,
-    }
-
-
-def _mismatch(found: dict[str, Any], wanted: dict[str, Any], split_dir: str) -> str | None:
-    """A message saying how an existing split folder differs from this run, or None."""
-    if found.get("tokenizer_fingerprint") != wanted["tokenizer_fingerprint"]:
-        what = (
-            f"from another tokenizer (fingerprint {str(found.get('tokenizer_fingerprint'))[:12]}…, "
-            f"this one {wanted['tokenizer_fingerprint'][:12]}…)"
-        )
-    elif found.get("max_length") != wanted["max_length"]:
-        what = f"with max_length {found.get('max_length')} (this run: {wanted['max_length']})"
-    else:
-        keys = sorted(k for k in wanted if found.get(k) != wanted[k])
-        if not keys:
-            return None
-        what = "with other settings (" + ", ".join(f"{k}: {found.get(k)!r}" for k in keys) + ")"
-    return f"{split_dir} holds shards {what}; choose another --output or delete that folder"
-
-
-def _read_json(path: str) -> dict[str, Any]:
-    try:
-        return json.loads(storage.read_text(path))
-    except ValueError as err:
-        raise TpulmError(f"{path} is not valid JSON ({err}); delete the folder and rerun") from None
-
-
-def _check_existing(plan: _Plan) -> _Resume | shards.Manifest:
-    """The finished manifest, or where to resume; an error for a folder of other shards."""
-    if not storage.isdir(plan.split_dir):
-        return _Resume()
-    manifest = shards.read_manifest(plan.split_dir)
-    if manifest is not None:
-        found = {**manifest.arguments, "tokenizer_fingerprint": manifest.tokenizer_fingerprint,
-                 "max_length": manifest.max_length}
-        problem = _mismatch(found, plan.identity, plan.split_dir)
-        if problem:
-            raise TpulmError(problem)
-        return manifest
-    progress_path = storage.join(plan.split_dir, PROGRESS_NAME)
-    existing = shards.list_shards(plan.split_dir)
-    if not storage.exists(progress_path):
-        if existing:
-            raise TpulmError(
-                f"{plan.split_dir} holds shards of unknown origin (no manifest.json); "
-                "choose another --output or delete that folder"
-            )
-        return _Resume()
-    progress = _read_json(progress_path)
-    problem = _mismatch(progress.get("identity", {}), plan.identity, plan.split_dir)
-    if problem:
-        raise TpulmError(problem)
-    try:
-        resume = _Resume(**progress["resume"])
-    except (KeyError, TypeError):
-        raise TpulmError(f"{progress_path} is damaged; delete the folder and rerun") from None
-    names = {p.rsplit("/", 1)[-1] for p in existing}
-    full = [shards.shard_name(i, plan.identity["shard_size"]) for i in range(resume.shards)]
-    if not names.issuperset(full):  # a finished shard was deleted by hand: start over
-        log.warning("%s: finished shards are missing; preparing the split again", plan.split_dir)
-        return _Resume()
-    return resume
-
-
-def _write_progress(plan: _Plan, resume: _Resume) -> None:
-    """Record the identity and the latest resume point (small: rewritten after every shard)."""
-    state = {"identity": plan.identity, "resume": dataclasses.asdict(resume)}
-    text = json.dumps(state, indent=1, sort_keys=True)
-    storage.write_text(storage.join(plan.split_dir, PROGRESS_NAME), text + "\n")
-
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizing (reader thread) and packing (calling thread)
@@ -254,14 +63,6 @@ def _tokenize(tok, batches: Iterator[list[str]], out: queue.Queue, stop: threadi
         put(err)
 
 
-def _flatten(encodings: list) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of a batch as one int64 stream (tokens,) and the per-sample token counts (samples,)."""
-    ids = [e.ids for e in encodings]
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
-    return flat, lengths
-
-
 def _batches(tok, source: corpus.Source, cfg: PrepareConfig, start: int) -> Iterator[list]:
     """Encodings per batch, tokenized ahead in a thread (at most 4 batches in flight)."""
     batches = corpus.iter_batches(source, cfg.batch_size, keep_empty=cfg.keep_empty, start=start)
@@ -286,7 +87,7 @@ class _Packer:
     starts, counting the skipped tokens of a resumed sample.
     """
 
-    def __init__(self, plan: _Plan, cfg: PrepareConfig, resume: _Resume, pad_id: int):
+    def __init__(self, plan: preparation.Plan, cfg: PrepareConfig, resume: preparation.Resume, pad_id: int):
         self.plan, self.cfg, self.pad_id = plan, cfg, pad_id
         self.block_tokens = cfg.shard_size * cfg.max_length  # tokens per full shard
         self.done = [  # infos of the finished shards; full ones are all alike
@@ -304,11 +105,11 @@ class _Packer:
 
     def _save_identity(self) -> None:
         if not self.done:  # before the first shard is renamed into place
-            _write_progress(self.plan, _Resume())
+            preparation.write_progress(self.plan, preparation.Resume())
 
     def add(self, encodings: list) -> int:
         """Pack one batch; returns the number of tokens it added to the stream."""
-        flat, lengths = _flatten(encodings)
+        flat, lengths = preparation.flatten(encodings)
         stream = np.concatenate([self.carry, flat[self.skip :]])
         n = len(stream) // self.cfg.max_length
         blocks = stream[: n * self.cfg.max_length].reshape(n, self.cfg.max_length)
@@ -330,7 +131,7 @@ class _Packer:
         used = int(np.searchsorted(cum, offset, side="right"))  # samples wholly in the shards
         skip = offset - (int(cum[used - 1]) if used else 0)
         self.done.append(info)
-        _write_progress(self.plan, _Resume(len(self.done), self.sample + used, skip))
+        preparation.write_progress(self.plan, preparation.Resume(len(self.done), self.sample + used, skip))
 
     def finish(self) -> int:
         """Write the last (partial) shard; returns the tokens dropped."""
@@ -360,7 +161,7 @@ def _progress_bar(cfg: PrepareConfig, split: str):
                 disable=None if cfg.progress else True, dynamic_ncols=True)
 
 
-def _pack_all(plan: _Plan, cfg: PrepareConfig, tok, resume: _Resume, pad_id: int):
+def _pack_all(plan: preparation.Plan, cfg: PrepareConfig, tok, resume: preparation.Resume, pad_id: int):
     """Run the packer over the split's remaining samples; returns (packer, tokens dropped,
     tokens added by this run)."""
     packer = _Packer(plan, cfg, resume, pad_id)
@@ -380,28 +181,12 @@ def _pack_all(plan: _Plan, cfg: PrepareConfig, tok, resume: _Resume, pad_id: int
     return packer, dropped, added
 
 
-def _manifest(plan: _Plan, cfg: PrepareConfig, packer: _Packer, vocab_size: int, dropped: int):
-    keys = ("tokenizer_fingerprint", "max_length")
-    arguments = {k: v for k, v in plan.identity.items() if k not in keys}
-    arguments.update(tokenizer=cfg.tokenizer, batch_size=cfg.batch_size,
-                     encoding_errors=cfg.encoding_errors)
-    return shards.Manifest(
-        tokenizer_fingerprint=plan.identity["tokenizer_fingerprint"],
-        vocab_size=vocab_size,
-        max_length=cfg.max_length,
-        shards=tuple(packer.done),
-        source=plan.source.describe(),
-        arguments=arguments,
-        stats={"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped},
-    )
-
-
-def prepare_split(plan: _Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size: int) -> SplitSummary:
+def prepare_split(plan: preparation.Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size: int) -> preparation.SplitSummary:
     """Prepare (or finish preparing) one split folder and write its manifest last."""
-    state = _check_existing(plan)
+    state = preparation.check_existing(plan)
     if isinstance(state, shards.Manifest):
         log.info("%s is already complete; nothing to do", plan.split_dir)
-        return _summary(plan, state, seconds=0.0, added=0, resumed=-1)
+        return preparation.summary(plan, state, seconds=0.0, added=0, resumed=-1)
     if storage.isdir(plan.split_dir):
         shards.remove_temporaries(plan.split_dir)
         for path in shards.list_shards(plan.split_dir)[state.shards :]:
@@ -411,63 +196,43 @@ def prepare_split(plan: _Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size:
     start = time.perf_counter()
     packer, dropped, added = _pack_all(plan, cfg, tok, state, pad_id)
     if packer.pos == 0:
-        raise TpulmError(f"no (non-empty) samples in {_where(plan.source)}; check the input")
+        raise TpulmError(f"no (non-empty) samples in {preparation.where(plan.source)}; check the input")
     if not packer.done:
         raise TpulmError(
-            f"{_where(plan.source)} has {packer.pos} tokens, fewer than one block of max_length "
+            f"{preparation.where(plan.source)} has {packer.pos} tokens, fewer than one block of max_length "
             f"{cfg.max_length}; lower --max-length or pass --pad-remainder"
         )
-    manifest = _manifest(plan, cfg, packer, vocab_size, dropped)
+    stats = {"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped}
+    manifest = preparation.manifest(plan, cfg, packer.done, stats, vocab_size)
     shards.write_manifest(plan.split_dir, manifest)
-    progress = storage.join(plan.split_dir, PROGRESS_NAME)
+    progress = storage.join(plan.split_dir, preparation.PROGRESS_NAME)
     if storage.exists(progress):
         storage.remove(progress)
     seconds = time.perf_counter() - start
-    return _summary(plan, manifest, seconds, added, resumed=state.shards)
+    return preparation.summary(plan, manifest, seconds, added, resumed=state.shards)
 
 
-def _where(source: corpus.Source) -> str:
-    described = source.describe()
-    if "files" in described:
-        return ", ".join(described["files"])
-    return "/".join(str(described[k]) for k in ("dataset", "config", "split") if described[k])
-
-
-def _summary(plan: _Plan, manifest: shards.Manifest, seconds: float, added: int, resumed: int):
-    stats = manifest.stats
-    return SplitSummary(
-        split=plan.split,
-        path=plan.split_dir,
-        samples=stats.get("samples", 0),
-        tokens=stats.get("tokens", 0),
-        blocks=manifest.records,
-        shards=len(manifest.shards),
-        tokens_dropped=stats.get("tokens_dropped", 0),
-        seconds=seconds,
-        tokens_per_second=added / seconds if seconds > 0 else 0.0,
-        resumed_at_shard=resumed,
-    )
-
-
-def run(cfg: PrepareConfig) -> PrepareResult:
+def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``.
 
     Args:
         cfg: the resolved settings.
 
     Returns:
-        A :class:`PrepareResult` with one :class:`SplitSummary` per split.
+        A :class:`preparation.PrepareResult` with one :class:`preparation.SplitSummary` per split.
     """
+    if cfg.runner:
+        from tpulm.data import beam
+
+        return beam.run(cfg)
     sources = cfg.sources()
     for source in sources.values():
         if source.files:
             corpus.resolve_files(source.files)  # a missing input fails before anything is written
-    folder = tokenizer.open_folder(cfg.tokenizer)
+    folder = preparation.packing_tokenizer(cfg.tokenizer)
     tok, specials, fp, vocab_size = folder.tokenizer, folder.special, folder.fingerprint, folder.vocab_size
-    tok.no_truncation()  # a saved truncation/padding setting would cut or pad samples
-    tok.no_padding()
     summaries = {}
     for split, source in sources.items():
-        plan = _Plan(split, storage.join(cfg.output, split), source, _identity(cfg, source, fp))
+        plan = preparation.Plan(split, storage.join(cfg.output, split), source, preparation.identity(cfg, source, fp))
         summaries[split] = prepare_split(plan, cfg, tok, specials.pad_id, vocab_size)
-    return PrepareResult(output=cfg.output, splits=summaries)
+    return preparation.PrepareResult(output=cfg.output, splits=summaries)
