@@ -27,6 +27,10 @@ def register(subparsers) -> None:
                                           "e.g. wikitext:wikitext-103-raw-v1")
     parser.add_argument("--set", dest="assignments", action="append", default=[],
                         metavar="TABLE.KEY=VALUE", help="override one setting, e.g. train.max_steps=50")
+    parser.add_argument(
+        "--restart", action="append", default=[], metavar="STAGE",
+        help="start STAGE over, removing its outputs (e.g. --restart train: a new training run "
+             "in the same work dir; needed when a change cannot continue the old one)")
     parser.set_defaults(func=_run)
 
 
@@ -46,5 +50,5 @@ def _run(args: argparse.Namespace) -> int:
         backends.activate(tables.get("train", {}).get("backend"))
     except backends.BackendMismatch as err:
         backends.reexec(err.wanted)
-    pipeline.run(tables, path)
+    pipeline.run(tables, path, restart=args.restart)
     return 0
