@@ -277,6 +277,11 @@ def tokenizer_inputs(run: RunConfig, layout: Layout) -> dict[str, Any]:
             "dataset_split": "train", "text_field": run.text_field}
 
 
+def _log_result(result):
+    log.info("%s", result.describe())
+    return result
+
+
 def check_model(preset: str, model_table: Mapping[str, Any], tok_cfg, where: str) -> None:
     """Validate the ``[model]`` table now (unknown keys, types, sizes), before any stage runs;
     vocab size and pad id, which come from the trained tokenizer, are stood in for."""
@@ -330,7 +335,7 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
     stages = [Stage("corpus", lambda: builtin_corpus.write_demo_corpus(layout.corpus),
                     {"python": sys.version}, (layout.corpus,))] if builtin else []
     stages += [
-        Stage("tokenizer", lambda: tokenizer.run(tok_cfg), config.as_table(tok_cfg),
+        Stage("tokenizer", lambda: _log_result(tokenizer.run(tok_cfg)), config.as_table(tok_cfg),
               (layout.tokenizer,), ("corpus",) if builtin else ()),
         Stage("data", lambda: prepare.run(data_cfg), config.as_table(data_cfg), (layout.data,),
               ("tokenizer",)),
