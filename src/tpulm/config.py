@@ -174,6 +174,18 @@ def add_arguments(
         group.add_argument(_flag(field.name), **kwargs)
 
 
+def describe_table(table: str, cls: type, *, skip: tuple[str, ...] = ()) -> str:
+    """``[table]`` and one line per setting of ``cls`` (name, default, help), for ``--help``."""
+    lines = [f"[{table}]"]
+    for field in dataclasses.fields(cls):
+        if field.name in skip or field.metadata.get("cli") is False:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else None
+        shown = "" if default in (None, ()) else f" (default: {default!r})"
+        lines.append(f"  {field.name}: {field.metadata.get('help', '')}{shown}")
+    return "\n".join(lines)
+
+
 def resolve(
     cls: type[T],
     args: argparse.Namespace | None = None,

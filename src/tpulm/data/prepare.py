@@ -19,6 +19,7 @@ import itertools
 import json
 import logging
 import queue
+import os
 import sys
 import threading
 import time
@@ -356,8 +357,13 @@ class _Packer:
 def _progress_bar(cfg: PrepareConfig, split: str):
     from tqdm import tqdm
 
+    try:  # a terminal reporting no size (0 x 0) makes tqdm draw blank lines instead of a bar
+        sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
+    except (OSError, ValueError, AttributeError):
+        sized = False
     return tqdm(desc=split, unit="tok", unit_scale=True, file=sys.stderr,
-                disable=None if cfg.progress else True, dynamic_ncols=True)
+                disable=None if cfg.progress else True, dynamic_ncols=sized,
+                ncols=None if sized else 80, nrows=None if sized else 24)
 
 
 def _pack_all(plan: _Plan, cfg: PrepareConfig, tok, resume: _Resume, pad_id: int):

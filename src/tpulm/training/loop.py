@@ -192,7 +192,8 @@ class Trainer:
             self.cfg.run_dir, start, self.total_steps, self.global_batch,
             self.train_set.max_length, self.strategy_name,
         )
-        self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps)
+        self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps,
+                                   progress=progress_verbosity(self.cfg.progress))
         fit_started = time.monotonic()
         try:
             self._run_calls(calls)
@@ -231,7 +232,7 @@ class Trainer:
                 epochs=initial + epochs,
                 steps_per_epoch=steps * a,
                 callbacks=[self.monitor, SegmentEnd(self._segment_end)],
-                verbose=progress_verbosity(self.cfg.progress),
+                verbose=0,  # StepMonitor shows one progress line over the whole run
                 shuffle=False,  # the dataset is shuffled, deterministically
             )
 
