@@ -187,11 +187,12 @@ class Trainer:
         self._say_where_it_stands(start, state.get("total_steps"))
         calls = fit_calls(start, self.total_steps, self.segment)
         self._compile(model, optimizer, calls)
-        log.info(
-            "training %s: steps %d -> %d, global batch %d x %d tokens, %s",
-            self.cfg.run_dir, start, self.total_steps, self.global_batch,
-            self.train_set.max_length, self.strategy_name,
-        )
+        if start < self.total_steps:
+            log.info(
+                "training %s: steps %d -> %d, global batch %d x %d tokens, %s",
+                self.cfg.run_dir, start, self.total_steps, self.global_batch,
+                self.train_set.max_length, self.strategy_name,
+            )
         self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps,
                                    progress=progress_verbosity(self.cfg.progress))
         fit_started = time.monotonic()
