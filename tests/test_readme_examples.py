@@ -95,7 +95,7 @@ for argv in commands:
     print("=== tpulm", *argv, flush=True)
     print("=== exit", cli.main(argv, filter_native_logs=True), flush=True)
 print("=== python", flush=True)
-exec(python.replace("print(", "print(").rstrip() + "\\nprint(json.dumps(fill_mask('Goal of my life is to [MASK].')))\\n")
+exec(python + "print(json.dumps(fill_mask('Goal of my life is to [MASK].')))\\n")
 """
 
 
@@ -121,8 +121,9 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     assert "runs/tiny is complete at step 4" in out  # the rerun of a finished run
     assert "\n\n\n" not in done.stdout
     assert not [ln for ln in done.stderr.splitlines() if any(n in ln for n in NOISE)], done.stderr
-    assert "Epoch " not in out
+    assert "Epoch " not in out and "step 4/4 (100%)  loss " in out  # one line over the run
     answers = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(answers) == 5
-    for answer in answers:  # the "." follows the predicted word, with no space piece between
+    for answer in answers:  # a word, and the "." follows it with no space piece between
+        assert answer["token_str"].strip(), answer
         assert answer["sequence"].endswith(answer["token_str"].strip() + "."), answer

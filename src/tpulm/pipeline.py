@@ -157,7 +157,7 @@ def decide(stage: Stage, key: str, upstream: dict[str, str], record: dict | None
         return Decision("skip", "complete, skipped") if record.get("complete") else \
             Decision("resume", "resuming")
     changed = changed_settings(record.get("settings"), stage.settings) if "settings" in record \
-        else ["(settings of an older tpulm, not recorded)"]
+        else ["unrecorded settings of an older tpulm"]
     moved = [u for u in stage.upstream if record.get("upstream", {}).get(u) != upstream[u]]
     why = (f"settings changed ({', '.join(changed)})" if changed or not moved
            else f"rerun because {', '.join(moved)} changed")
