@@ -11,7 +11,7 @@ pytest.importorskip("apache_beam")
 
 from tpulm import cli, storage
 from tpulm.data import beam as beam_prepare
-from tpulm.data import builtin_corpus, inspect, prepare, preparation, shards, tokenizer
+from tpulm.data import builtin_corpus, inspect, preparation, prepare, shards, tokenizer
 from tpulm.data.prepare import PrepareConfig
 from tpulm.errors import TpulmError
 

@@ -104,3 +104,79 @@ def test_shipped_configs_are_found_by_name():
     assert config.find_config("tiny").endswith("tiny.toml")
     with pytest.raises(TpulmError, match="neither a file nor a preset"):
         config.find_config("no-such-preset")
+
+
+def precious_stages(tmp_path, settings: dict, calls: list):
+    """a -> t, where t keeps precious outputs (like the train stage) and may continue on "t.steps"."""
+    a = make_stages(tmp_path, settings, calls)[0]
+
+    def run():
+        calls.append("t")
+        (tmp_path / "t").mkdir(exist_ok=True)
+
+    t = pipeline.Stage("t", run, {"t": {"steps": settings["steps"], "lr": settings["lr"]}},
+                       (str(tmp_path / "t"),), ("a",), precious=True,
+                       continuable=frozenset({"t.steps"}))
+    return [a, t]
+
+
+def test_precious_stage_continues_on_a_continuable_change_and_keeps_its_outputs(tmp_path, caplog):
+    calls: list[str] = []
+    settings = {"a": 1, "steps": 10, "lr": 0.1}
+    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    (tmp_path / "t" / "checkpoint").write_text("step 10")
+    settings["steps"] = 20
+    caplog.set_level("INFO")
+    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    assert calls == ["a", "t", "t"]
+    assert (tmp_path / "t" / "checkpoint").read_text() == "step 10"  # not removed
+    assert "stage t: settings changed (t.steps): continuing" in caplog.text
+
+
+def test_precious_stage_is_never_removed_without_restart(tmp_path):
+    calls: list[str] = []
+    settings = {"a": 1, "steps": 10, "lr": 0.1}
+    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    (tmp_path / "t" / "checkpoint").write_text("step 10")
+    for change in ({"lr": 0.2}, {"a": 2}):  # its own setting, or an upstream stage's
+        with pytest.raises(TpulmError, match="--restart t"):
+            pipeline.execute(precious_stages(tmp_path, {**settings, **change}, calls), str(tmp_path))
+        assert calls == ["a", "t"]  # decided before anything ran: upstream a did not rerun either
+        assert (tmp_path / "t" / "checkpoint").exists()
+    pipeline.execute(precious_stages(tmp_path, {**settings, "lr": 0.2}, calls), str(tmp_path),
+                     restart=["t"])
+    assert calls == ["a", "t", "t"] and not (tmp_path / "t" / "checkpoint").exists()
+    with pytest.raises(TpulmError, match="no such stage"):
+        pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path), restart=["x"])
+
+
+def test_records_hold_settings_and_downstream_says_why_it_reruns(tmp_path, caplog):
+    calls: list[str] = []
+    settings = {"a": 1, "b": 2, "c": 3, "d": 4}
+    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    assert pipeline.read_record(str(tmp_path), "b")["settings"] == {"value": 2}
+    caplog.set_level("INFO")
+    pipeline.execute(make_stages(tmp_path, {**settings, "b": 5}, calls), str(tmp_path))
+    assert "stage b: settings changed (value)" in caplog.text
+    assert "stage c: rerun because b changed" in caplog.text
+    assert "stage c: settings changed" not in caplog.text
+
+
+def test_a_typo_in_any_table_stops_before_anything_is_touched(tmp_path):
+    kept = tmp_path / "run" / "checkpoints" / "ckpt-000000010"
+    kept.mkdir(parents=True)
+    pipeline.write_record(str(tmp_path), "train", "old-key", True)
+    for tables, match in (({"model": {"hidden": 3}}, "unknown setting.*hidden"),
+                          ({"model": {"num_heads": 5}}, "not divisible"),
+                          ({"train": {"max_step": 3}}, "unknown setting.*max_step")):
+        with pytest.raises(TpulmError, match=match):
+            pipeline.run({"run": {"work_dir": str(tmp_path)}, **tables}, "x.toml")
+        assert kept.exists()
+
+
+def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()
+    assert config.find_config("demo").endswith("demo.toml")
+    (tmp_path / "mine.toml").write_text("[run]\n")
+    assert config.find_config("mine.toml") == "mine.toml"

@@ -33,7 +33,7 @@ TINY_BUDGET = [
 def tpulm_run(work_dir: Path, *overrides: str, wait: bool = True, max_steps: int = 12, log=None):
     argv = [sys.executable, "-m", "tpulm", "run", "--work-dir", str(work_dir)]
     for assignment in [*TINY_BUDGET, f"train.max_steps={max_steps}", *overrides]:
-        argv += ["--set", assignment]
+        argv += [assignment] if assignment.startswith("--") else ["--set", assignment]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HF_HUB_OFFLINE": "1"}
     if not wait:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -85,11 +85,22 @@ def test_rerun_skips_complete_stages_and_redoes_only_downstream_of_a_change(demo
     output = tpulm_run(work)
     for stage in ("corpus", "tokenizer", "data", "train", "export", "report"):
         assert f"stage {stage}: complete, skipped" in output
-    output = tpulm_run(work, "train.learning_rate=0.0003")
+    output = tpulm_run(work, max_steps=16)  # train longer: continues from the checkpoint
+    assert "stage train: settings changed (train.max_steps): continuing" in output
+    assert "schedule extended from 12 to 16 steps" in output
+    assert "stage export: rerun because train changed" in output
+    assert f"export     {work / 'run' / 'export'}" in output  # it ends saying where things are
+    steps = [json.loads(line)["step"] for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(steps) and steps[-1] == 16  # no step trained twice
+    with pytest.raises(AssertionError, match="--restart train"):  # cannot continue: nothing touched
+        tpulm_run(work, "train.learning_rate=0.0003", max_steps=16)
+    assert rundir.latest_checkpoint(str(work / "run"))[0] == 16
+    output = tpulm_run(work, "train.learning_rate=0.0003", "--restart=train", max_steps=16)
     for stage in ("corpus", "tokenizer", "data"):
         assert f"stage {stage}: complete, skipped" in output
-    for stage in ("train", "export", "report"):
-        assert f"stage {stage}: settings changed" in output
+    assert "stage train: restarted" in output
+    for stage in ("export", "report"):
+        assert f"stage {stage}: rerun because train" in output
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, run_dir: Path, log: Path, timeout=400) -> int:

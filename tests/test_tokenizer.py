@@ -62,6 +62,9 @@ def test_unigram_is_the_reference_recipe(trained, wikitext_dir):
     # One deliberate difference: [MASK] strips the space before it (lstrip, as roberta-base's
     # <mask>), so "an [MASK] of" does not encode a lone "▁" before the mask.
     ref["added_tokens"][4]["lstrip"] = True
+    # And a second: Metaspace prepends "▁" only at the start of the text ("first", as current
+    # Transformers tokenizers), not after every special token, so "[MASK]." has no lone "▁".
+    ref["pre_tokenizer"]["prepend_scheme"] = ref["decoder"]["prepend_scheme"] = "first"
     assert ours == ref  # normalizer, pre-tokenizer, decoder, post-processor, added tokens
     # The Unigram trainer's parallel EM is not bit-reproducible (the reference's own reruns differ
     # in the last digits of the scores), so pieces must match and scores agree closely.
@@ -89,6 +92,52 @@ def test_fingerprint_and_unk_rate(trained, wikitext_dir):
     # WikiText writes rare words as the literal "<unk>", which matches the special token.
     assert result.unk_rate == pytest.approx(ids.count(2) / len(ids), abs=0)
     assert 0 < result.unk_rate < 0.1
+    literal = sum(line.count("<unk>") for line in nonempty_lines(wikitext_dir / "valid.txt"))
+    assert result.unk_literals == literal > 0
+    assert "the corpus itself contains the unknown token's text" in result.describe()
+
+
+def test_a_vocabulary_smaller_than_asked_for_is_reported(tmp_path, wikitext_dir, capsys):
+    lines = nonempty_lines(wikitext_dir / "valid.txt")[:40]
+    (tmp_path / "small.txt").write_text("\n".join(lines), encoding="utf-8")
+    out = str(tmp_path / "tok")
+    assert cli.main(["tokenizer", "train", str(tmp_path / "small.txt"), "--vocab-size", "32000",
+                     "--output", out]) == 0
+    printed = capsys.readouterr().out
+    obtained = tokenizer.open_folder(out).vocab_size
+    assert obtained < 32000
+    assert f"asked for a vocabulary of 32000, got {obtained}: the corpus supports only {obtained}" in printed
+    assert "\n\n" not in printed and not printed.startswith("\n")  # no stray empty lines
+
+
+PUNCTUATED = ["Goal of my life is to [MASK].", "The [MASK], he said [MASK]!", "It was [MASK]?"]
+
+
+def test_a_mask_before_punctuation_leaves_no_lone_space_piece(trained):
+    from transformers import AutoTokenizer
+
+    cfg, _ = trained
+    hf = AutoTokenizer.from_pretrained(cfg.output)
+    for text in PUNCTUATED:
+        pieces = hf.convert_ids_to_tokens(hf(text)["input_ids"])
+        after = [pieces[i + 1] for i, p in enumerate(pieces) if p == "[MASK]"]
+        assert all(p != "\u2581" and not p.startswith("\u2581") for p in after), pieces
+        assert pieces[1].startswith("\u2581")  # the text's first word still gets its "▁"
+    for text in ["Goal of my life is to live.", "Hello world. A new line, and more!"]:
+        assert hf.decode(hf(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_tokenizers_of_older_versions_keep_their_encoding(tmp_path, trained):
+    cfg, _ = trained
+    old = json.loads(storage.read_text(f"{cfg.output}/tokenizer.json"))
+    old["pre_tokenizer"]["prepend_scheme"] = old["decoder"]["prepend_scheme"] = "always"
+    folder = tmp_path / "old"
+    folder.mkdir()
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).write_text(storage.read_text(f"{cfg.output}/{name}"))
+    (folder / "tokenizer.json").write_text(json.dumps(old))
+    loaded = tokenizer.open_folder(str(folder)).tokenizer
+    assert loaded.encode("to [MASK].", add_special_tokens=False).tokens[-2:] == ["\u2581", "."]
 
 
 def test_autotokenizer_loads_and_encodes_identically(trained, wikitext_dir):

@@ -151,7 +151,9 @@ def add_arguments(
 ) -> None:
     """Add one ``--flag`` per field of ``cls``; flags default to None (= not given)."""
     types_ = _field_types(cls)
-    group = parser.add_argument_group(f"{cls.__name__} settings (also from the TOML file)")
+    has_config = any("--config" in action.option_strings for action in parser._actions)
+    title = f"{cls.__name__} settings" + (" (also from the --config TOML file)" if has_config else "")
+    group = parser.add_argument_group(title)
     for field in dataclasses.fields(cls):
         if field.name in skip or field.metadata.get("cli") is False:
             continue
@@ -170,6 +172,18 @@ def add_arguments(
         if "choices" in field.metadata:
             kwargs["choices"] = field.metadata["choices"]
         group.add_argument(_flag(field.name), **kwargs)
+
+
+def describe_table(table: str, cls: type, *, skip: tuple[str, ...] = ()) -> str:
+    """``[table]`` and one line per setting of ``cls`` (name, default, help), for ``--help``."""
+    lines = [f"[{table}]"]
+    for field in dataclasses.fields(cls):
+        if field.name in skip or field.metadata.get("cli") is False:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else None
+        shown = "" if default in (None, ()) else f" (default: {default!r})"
+        lines.append(f"  {field.name}: {field.metadata.get('help', '')}{shown}")
+    return "\n".join(lines)
 
 
 def resolve(
@@ -242,12 +256,16 @@ def apply_overrides(tables: Mapping[str, Any], assignments: list[str]) -> dict[s
 
 
 def find_config(name_or_path: str) -> str:
-    """A config file path, or the path of a preset shipped with tpulm (``demo``, ``reference`` ...)."""
+    """A config file path, or the path of a preset shipped with tpulm (``demo``, ``reference`` ...).
+
+    A name is a path only when it is a file: a folder called ``demo`` in the current directory
+    does not hide the ``demo`` preset.
+    """
     from importlib import resources
 
-    from tpulm.storage import exists
+    from tpulm.storage import exists, isdir
 
-    if exists(name_or_path):
+    if exists(name_or_path) and not isdir(name_or_path):
         return name_or_path
     shipped = resources.files("tpulm") / "configs" / f"{name_or_path}.toml"
     if shipped.is_file():

@@ -17,7 +17,9 @@ import pkgutil
 import sys
 
 from tpulm import __version__
+from tpulm.cli import _quiet
 from tpulm.errors import TpulmError
+from tpulm.training import backends
 
 
 def _command_modules() -> list:
@@ -45,16 +47,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the chosen subcommand; user errors print one line, exit code 2."""
+def quiet_libraries(verbose: bool) -> None:
+    """Keep TensorFlow's, XLA's and JAX's start-up chatter (absl and oneDNN banners, ``E0000 ...
+    cuInit`` on machines without a GPU, ``Unable to initialize backend 'tpu'``) off the screen;
+    ``--verbose`` shows it. Must run before TensorFlow or JAX is imported."""
+    if verbose:
+        return
+    # 3 also hides C++ ERROR lines: on a CPU machine those are only the probes for absent
+    # accelerators; real failures still surface as Python exceptions.
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # even over a 2 set elsewhere: E0000 lines are ERROR
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")  # absl's C++ logging (XLA, newer TF)
+    for name in ("absl", "jax._src.xla_bridge", "tensorflow"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main(argv: list[str] | None = None, *, filter_native_logs: bool | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; user errors print one line, exit code 2.
+
+    Args:
+        argv: the arguments (default: ``sys.argv[1:]``).
+        filter_native_logs: drop the native libraries' start-up noise from fd 2 (see
+            :mod:`tpulm.cli._quiet`); default: only for the real command line (``argv`` None),
+            so a caller's (or a test's) own stderr is left alone. ``--verbose`` turns it off.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if (argv is None if filter_native_logs is None else filter_native_logs) and not args.verbose:
+        if _quiet.StderrFilter.active is None:
+            backends.BEFORE_EXEC.append(_quiet.StderrFilter.install().stop)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet_libraries(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 
 ORDER = 50
 
@@ -11,6 +12,8 @@ ORDER = 50
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_epilog(),
         aliases=["demo"],
         help="run every stage: corpus, tokenizer, shards, training, export, report, fill-mask",
         description=(
@@ -27,7 +30,29 @@ def register(subparsers) -> None:
                                           "e.g. wikitext:wikitext-103-raw-v1")
     parser.add_argument("--set", dest="assignments", action="append", default=[],
                         metavar="TABLE.KEY=VALUE", help="override one setting, e.g. train.max_steps=50")
+    parser.add_argument(
+        "--restart", action="append", default=[], metavar="STAGE",
+        help="start STAGE over, removing its outputs (e.g. --restart train: a new training run "
+             "in the same work dir; needed when a change cannot continue the old one)")
     parser.set_defaults(func=_run)
+
+
+def _epilog() -> str:
+    """The [run] and [model] settings (the other tables: `tpulm tokenizer train --help`,
+    `tpulm data prepare --help`, `tpulm train --help`)."""
+    from tpulm import config
+    from tpulm.model.config import ModelConfig
+    from tpulm.pipeline import RunConfig
+
+    return "\n\n".join([
+        textwrap.fill(
+            "Settings of a root config (also --set TABLE.KEY=VALUE). [tokenizer], [data] and "
+            "[train] take the flags of `tpulm tokenizer train`, `tpulm data prepare` and `tpulm "
+            "train` (dashes as underscores), listed by their --help.", width=88),
+        config.describe_table("run", RunConfig),
+        config.describe_table("model", ModelConfig, skip=("pad_token_id",))
+        + "\n  (over the preset named by [train] model: tiny, small, base, large)",
+    ])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -46,5 +71,5 @@ def _run(args: argparse.Namespace) -> int:
         backends.activate(tables.get("train", {}).get("backend"))
     except backends.BackendMismatch as err:
         backends.reexec(err.wanted)
-    pipeline.run(tables, path)
+    pipeline.run(tables, path, restart=args.restart)
     return 0

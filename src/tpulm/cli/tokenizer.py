@@ -33,10 +33,5 @@ def _train(args: argparse.Namespace) -> int:
     from tpulm.data import tokenizer
 
     cfg = config.from_args(TokenizerConfig, args, "tokenizer", inputs=tuple(args.inputs_pos) or None)
-    result = tokenizer.run(cfg)
-    print(
-        f"tokenizer saved to {result.path}: vocab size {result.vocab_size}, trained on "
-        f"{result.samples} samples in {result.seconds:.1f} s, <unk> rate {result.unk_rate:.4%} "
-        f"(first {result.unk_rate_samples} samples), fingerprint {result.fingerprint[:16]}"
-    )
+    print(tokenizer.run(cfg).describe())
     return 0

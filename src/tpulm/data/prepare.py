@@ -15,6 +15,7 @@ rewrites anything later with identical bytes; the manifest is written last.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import sys
 import threading
@@ -157,8 +158,13 @@ class _Packer:
 def _progress_bar(cfg: PrepareConfig, split: str):
     from tqdm import tqdm
 
+    try:  # a terminal reporting no size (0 x 0) makes tqdm draw blank lines instead of a bar
+        sized = os.get_terminal_size(sys.stderr.fileno()).columns > 0
+    except (OSError, ValueError, AttributeError):
+        sized = False
     return tqdm(desc=split, unit="tok", unit_scale=True, file=sys.stderr,
-                disable=None if cfg.progress else True, dynamic_ncols=True)
+                disable=None if cfg.progress else True, dynamic_ncols=sized,
+                ncols=None if sized else 80, nrows=None if sized else 24)
 
 
 def _pack_all(plan: preparation.Plan, cfg: PrepareConfig, tok, resume: preparation.Resume, pad_id: int):

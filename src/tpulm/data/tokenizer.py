@@ -90,10 +90,13 @@ def _build_unigram(vocab_size: int, tokens: list, unk: str):
     tokenizer.normalizer = normalizers.Sequence(
         [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
     )
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
-    tokenizer.decoder = decoders.Metaspace()
+    # prepend_scheme "first" (as current Transformers tokenizers): "▁" only at the start of the
+    # text, not after every special token, so "to [MASK]." encodes the "." as "." and not as a
+    # lone "▁" + "." that fill-mask would have to predict around. Older folders keep "always".
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
     trainer = trainers.UnigramTrainer(
-        vocab_size=vocab_size, special_tokens=list(tokens), unk_token=unk
+        vocab_size=vocab_size, special_tokens=list(tokens), unk_token=unk, show_progress=False
     )
     return tokenizer, trainer
 
@@ -109,6 +112,7 @@ def _build_bpe(vocab_size: int, tokens: list, unk: str):
         vocab_size=vocab_size,
         special_tokens=list(tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     return tokenizer, trainer
 
@@ -128,7 +132,8 @@ def _build_wordpiece(vocab_size: int, tokens: list, unk: str):
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=False)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(tokens))
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=list(tokens), show_progress=False)
     return tokenizer, trainer
 
 
@@ -216,12 +221,36 @@ class TokenizerResult:
     """What ``run`` made: where, how big, how long it took, and the ``<unk>`` rate."""
 
     path: str
-    vocab_size: int
+    vocab_size: int  # obtained; smaller than requested when the corpus supports no more
+    requested_vocab_size: int
     seconds: float
     unk_rate: float  # share of non-special tokens that are <unk>, over the measured samples
     unk_rate_samples: int  # samples the <unk> rate was measured on
     samples: int  # samples trained on
     fingerprint: str
+    unk_literals: int = 0  # times the measured samples contain the unknown token's own text
+
+    @property
+    def vocab_shortfall(self) -> str | None:
+        """A sentence when the vocabulary came out smaller than asked for, else None."""
+        if self.vocab_size >= self.requested_vocab_size:
+            return None
+        return (f"asked for a vocabulary of {self.requested_vocab_size}, got {self.vocab_size}: "
+                f"the corpus supports only {self.vocab_size} tokens")
+
+    def describe(self) -> str:
+        """What ``tpulm tokenizer train`` (and ``tpulm run``) say about the new tokenizer."""
+        lines = [
+            f"tokenizer saved to {self.path}: vocab size {self.vocab_size}, trained on "
+            f"{self.samples} samples in {self.seconds:.1f} s, fingerprint {self.fingerprint[:16]}",
+            f"<unk> rate {self.unk_rate:.4%} (first {self.unk_rate_samples} samples)",
+        ]
+        if self.unk_literals:
+            lines[-1] += (f"; the corpus itself contains the unknown token's text "
+                          f"{self.unk_literals} times (as WikiText's <unk> markers), counted too")
+        if self.vocab_shortfall:
+            lines.append(f"note: {self.vocab_shortfall}")
+        return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,18 +302,27 @@ def train(cfg: TokenizerConfig):
 def unk_rate(tokenizer, cfg: TokenizerConfig) -> tuple[float, int]:
     """Share of non-special tokens that are ``<unk>`` over the first ``unk_rate_samples`` samples
     (all when 0), and how many samples that was."""
-    unk_id = tokenizer.token_to_id(MODELS[cfg.model].roles["unk_token"])
+    rate, samples, _ = unk_stats(tokenizer, cfg)
+    return rate, samples
+
+
+def unk_stats(tokenizer, cfg: TokenizerConfig) -> tuple[float, int, int]:
+    """:func:`unk_rate`, and how often the samples hold the unknown token's literal text (such
+    as WikiText's own ``<unk>`` markers, which encode as the unknown token)."""
+    unk = MODELS[cfg.model].roles["unk_token"]
+    unk_id = tokenizer.token_to_id(unk)
     limit = cfg.unk_rate_samples or None
-    unknown = total = samples = 0
+    unknown = total = samples = literals = 0
     for batch in corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty):
         batch = batch[: limit - samples] if limit else batch
+        literals += sum(text.count(unk) for text in batch)
         for encoding in tokenizer.encode_batch_fast(batch, add_special_tokens=False):
             unknown += encoding.ids.count(unk_id)
             total += len(encoding.ids)
         samples += len(batch)
         if limit and samples >= limit:
             break
-    return (unknown / total if total else 0.0), samples
+    return (unknown / total if total else 0.0), samples, literals
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,11 +381,13 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     start = time.perf_counter()
     tokenizer, samples = train(cfg)
     seconds = time.perf_counter() - start
-    rate, measured = unk_rate(tokenizer, cfg)
+    rate, measured, literals = unk_stats(tokenizer, cfg)
     save(tokenizer, cfg.output, MODELS[cfg.model].roles, cfg.model_max_length, cfg.overwrite)
     return TokenizerResult(
         path=cfg.output,
         vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+        requested_vocab_size=cfg.vocab_size,
+        unk_literals=literals,
         seconds=seconds,
         unk_rate=rate,
         unk_rate_samples=measured,
@@ -373,6 +413,29 @@ class TokenizerFolder:
     settings: dict[str, Any]
     special: SpecialTokens
     fingerprint: str
+    unk_literals: int = 0  # times the measured samples contain the unknown token's own text
+
+    @property
+    def vocab_shortfall(self) -> str | None:
+        """A sentence when the vocabulary came out smaller than asked for, else None."""
+        if self.vocab_size >= self.requested_vocab_size:
+            return None
+        return (f"asked for a vocabulary of {self.requested_vocab_size}, got {self.vocab_size}: "
+                f"the corpus supports only {self.vocab_size} tokens")
+
+    def describe(self) -> str:
+        """What ``tpulm tokenizer train`` (and ``tpulm run``) say about the new tokenizer."""
+        lines = [
+            f"tokenizer saved to {self.path}: vocab size {self.vocab_size}, trained on "
+            f"{self.samples} samples in {self.seconds:.1f} s, fingerprint {self.fingerprint[:16]}",
+            f"<unk> rate {self.unk_rate:.4%} (first {self.unk_rate_samples} samples)",
+        ]
+        if self.unk_literals:
+            lines[-1] += (f"; the corpus itself contains the unknown token's text "
+                          f"{self.unk_literals} times (as WikiText's <unk> markers), counted too")
+        if self.vocab_shortfall:
+            lines.append(f"note: {self.vocab_shortfall}")
+        return "\n".join(lines)
 
     @property
     def vocab_size(self) -> int:

@@ -17,6 +17,7 @@ from tpulm.errors import TpulmError
 BACKENDS = ("tensorflow", "jax")
 DEFAULT = "tensorflow"
 _REEXEC_MARK = "TPULM_BACKEND_REEXEC"  # set in a re-executed CLI, so it never loops
+BEFORE_EXEC: list = []  # callables run before re-executing (the CLI's stderr filter gives fd 2 back)
 
 
 class BackendMismatch(TpulmError):
@@ -88,4 +89,6 @@ def reexec(wanted: str) -> None:
     env = {**os.environ, "KERAS_BACKEND": wanted, _REEXEC_MARK: "1"}
     sys.stdout.flush()
     sys.stderr.flush()
+    for hook in list(BEFORE_EXEC):
+        hook()
     os.execve(sys.executable, [sys.executable, "-m", "tpulm", *sys.argv[1:]], env)

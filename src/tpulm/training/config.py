@@ -71,7 +71,8 @@ class TrainConfig:
     steps_per_execution: int = setting(0, "steps per compiled call (0: automatic)")
     deterministic: bool = setting(False, "enable TensorFlow op determinism (slower)")
     peak_tflops: float | None = setting(None, "peak TFLOP/s for the MFU estimate (default: measured matmul)")
-    progress: bool = setting(True, "show the Keras progress bar")
+    progress: bool = setting(
+        True, "show a progress line (step, loss, masked accuracy, tokens/s, ETA)")
     push_to_hub: str | None = setting(
         None, "at the end, export to RUN_DIR/export and upload it to this Hub repo id (private)")
 
@@ -129,7 +130,7 @@ def table_from_args(args) -> tuple[TrainConfig, dict[str, Any]]:
 
 
 def progress_verbosity(enabled: bool) -> int:
-    """Keras verbosity: a live bar on a terminal, one line per segment otherwise."""
+    """Progress display: 1 a line redrawn in place on a terminal, 2 plain lines otherwise, 0 off."""
     if not enabled:
         return 0
     return 1 if sys.stdout.isatty() else 2

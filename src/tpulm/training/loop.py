@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from tpulm import rundir
+from tpulm import rundir, storage
 from tpulm.config import as_table
 from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
@@ -198,14 +198,18 @@ class Trainer:
         )
         self.log = MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
         self.last_eval, self.overhead, self.last_checkpoint, self.marks = None, 0.0, None, []
+        self.eval_ds = None  # made by the first fit call, or on demand by a final-only evaluation
+        self._say_where_it_stands(start, state.get("total_steps"))
         calls = fit_calls(start, self.total_steps, self.segment)
         self._compile(model, optimizer, calls)
-        log.info(
-            "training %s: steps %d -> %d, global batch %d x %d tokens, %s",
-            self.cfg.run_dir, start, self.total_steps, self.global_batch,
-            self.train_set.max_length, self.strategy_name,
-        )
-        self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps)
+        if start < self.total_steps:
+            log.info(
+                "training %s: steps %d -> %d, global batch %d x %d tokens, %s",
+                self.cfg.run_dir, start, self.total_steps, self.global_batch,
+                self.train_set.max_length, self.strategy_name,
+            )
+        self.monitor = StepMonitor(lr.at, self.tokens_per_step, self.total_steps,
+                                   progress=progress_verbosity(self.cfg.progress))
         fit_started = time.monotonic()
         try:
             self._run_calls(calls)
@@ -220,6 +224,19 @@ class Trainer:
             self._segment_end(start, {}, final_only=True)
         return self._summary(start, started, self._tokens_per_second(start, fit_started))
 
+    def _say_where_it_stands(self, start: int, saved_total: int | None) -> None:
+        """Log a finished run (and its export) or a schedule stretched to a new step count."""
+        if start >= self.total_steps:
+            export = storage.join(self.cfg.run_dir, rundir.EXPORT_DIR)
+            has_export = storage.exists(storage.join(export, rundir.MODEL_WEIGHTS))
+            log.info("run %s is complete at step %d (of %d)%s; raise --max-steps to train longer",
+                     self.cfg.run_dir, start, self.total_steps,
+                     f", its export is in {export}" if has_export else "")
+        elif start and saved_total and saved_total != self.total_steps:
+            log.info("continuing from step %d with the schedule extended from %d to %d steps "
+                     "(learning rate now %.3g)", start, saved_total, self.total_steps,
+                     self.lr.at(start))
+
     def _run_calls(self, calls) -> None:
         a = self.accumulation
         for first, steps, epochs in calls:
@@ -231,7 +248,7 @@ class Trainer:
                 epochs=initial + epochs,
                 steps_per_epoch=steps * a,
                 callbacks=[self.monitor, SegmentEnd(self._segment_end)],
-                verbose=progress_verbosity(self.cfg.progress),
+                verbose=0,  # StepMonitor shows one progress line over the whole run
                 shuffle=False,  # the dataset is shuffled, deterministically
             )
 
@@ -295,7 +312,7 @@ class Trainer:
         return (s1 - s0) * self.tokens_per_step / max(t1 - t0, 1e-9)
 
     def _summary(self, start: int, started: float, tps: float) -> TrainResult:
-        steps = self.total_steps - start
+        steps = max(self.total_steps - start, 0)
         seq_flops = flops.train_flops_per_sequence(
             self.model_cfg, self.train_set.max_length, self.masker.num_predictions
         )

@@ -1,0 +1,77 @@
+"""What a user sees: no native start-up noise on stderr, one progress line over a run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tpulm.cli import _quiet
+from tpulm.training.callbacks import progress_line
+
+NATIVE_NOISE = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1796017577.553282   29689 port.cc:153] oneDNN custom operations are on.",
+    "I0000 00:00:1796017577.557672   29689 cudart_stub.cc:31] Could not find cuda drivers",
+    "E0000 00:00:1796017595.370054   29776 cuda_platform.cc:52] failed call to cuInit: INTERNAL",
+    "W0000 00:00:1796017595.370054   29776 cpu_utils.cc:1] oneDNN supports DT_INT64 only on AVX-512",
+]
+KEPT = ["E0000 00:00:1796017595.370054   29776 file_system.cc:9] could not open gs://x/y",
+        "tpulm: error: something a user must read"]
+
+CHILD = """
+import os, sys
+from tpulm.cli import _quiet
+_quiet.StderrFilter.install()
+for line in sys.argv[1:]:
+    os.write(2, (line + "\\n").encode())  # as native code writes: straight to fd 2
+print("python stderr", file=sys.stderr)
+_quiet.StderrFilter.active.stop()
+"""
+
+
+def test_native_start_up_noise_is_dropped_and_everything_else_kept():
+    done = subprocess.run([sys.executable, "-c", CHILD, *NATIVE_NOISE, *KEPT],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # Python's own stderr bypasses the pipe, so only the set of lines is fixed, not their order.
+    assert sorted(done.stderr.splitlines()) == sorted(["python stderr", *KEPT])
+    for line in NATIVE_NOISE:
+        assert _quiet.NOISE.match(line)
+
+
+def test_the_real_command_line_filters_and_verbose_does_not():
+    probe = ("import sys; from tpulm import cli; from tpulm.cli import _quiet; "
+             "sys.argv = ['tpulm', *sys.argv[1:]]; cli.main(); "
+             "print(_quiet.StderrFilter.active is not None)")
+    for flags, active in (([], "True"), (["--verbose"], "False")):
+        done = subprocess.run([sys.executable, "-c", probe, *flags], capture_output=True,
+                              text=True, timeout=60)
+        assert done.stdout.split()[-1] == active, done.stdout + done.stderr
+
+
+def test_progress_line_shows_one_loss_and_the_eta():
+    line = progress_line(120, 2000, {"loss": 6.12345, "token_loss": 6.2, "accuracy": 0.12345},
+                         12345.6, 200.0)
+    assert line == ("step 120/2000 (6%)  loss 6.1235  masked acc 0.1235  12,346 tokens/s  "
+                    "ETA 3m20s")
+    assert line.count("loss") == 1
+
+
+def _help(capsys, *argv: str) -> str:
+    from tpulm import cli
+
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    return capsys.readouterr().out
+
+
+def test_help_lists_each_table_and_claims_a_toml_file_only_with_config(capsys):
+    assert "also from the --config TOML file" in _help(capsys, "train")
+    inspect = _help(capsys, "data", "inspect")
+    assert "TOML" not in inspect and "InspectConfig settings" in inspect
+    run = _help(capsys, "run")
+    for key in ("[run]", "work_dir:", "fill_mask:", "[model]", "hidden_size:", "num_layers:"):
+        assert key in run
+    assert "--restart STAGE" in run

@@ -1,0 +1,129 @@
+"""The README's stage-by-stage examples, run as written (with tiny sizes) on real text.
+
+Every ``tpulm`` command of the README's "The stages one by one" part is taken from the README
+itself. Those a CPU test box can run are run in order, in one Python process (TensorFlow is
+imported once), in a folder holding a small WikiText-2 corpus laid out as the README names it;
+flags appended to each command (argparse: the last one wins) shrink the sizes. The others (TPU,
+multi-device, Hub upload, accelerator precisions) are checked for consistency: every path they
+read is one an earlier example writes. The run's stderr must hold none of the start-up noise
+of TensorFlow/JAX on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+# Appended to each command of the subcommand: tiny sizes, and steps that exist in a tiny run.
+TINY = {
+    ("tokenizer", "train"): [],  # 32000 asked for: the small corpus supports fewer, and says so
+    ("data", "prepare"): ["--max-length", "64", "--shard-size", "100"],
+    ("train",): ["--model", "tiny", "--max-steps", "4", "--batch-size", "8", "--eval-every", "2",
+                 "--checkpoint-every", "2", "--log-every", "2", "--shuffle-buffer", "64",
+                 "--epochs", "1"],
+    ("export",): [],
+}
+PLACEHOLDERS = {"RUN_DIR": "runs/tiny", "OUT_DIR": "runs/tiny-out"}
+# Examples that need what a CPU test box lacks: a TPU, several devices, the Hub, a bf16 unit.
+NOT_HERE = ("--tpu", "--mesh", "--push-to-hub", "mixed_bfloat16", "path/to/", "|")
+NOISE = ("E0000", "I0000", "cuInit", "oneDNN custom operations", "oneDNN supports DT_INT64",
+         "Unable to initialize backend", "absl::InitializeLog")
+
+
+def readme_commands() -> list[str]:
+    """The ``tpulm`` commands of the README's stage-by-stage part, continuation lines joined."""
+    text = README.read_text(encoding="utf-8")
+    part = text[text.index("# The stages one by one"): text.index("# Development")]
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", part, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #")[0].strip()
+            if line.startswith("tpulm ") or "| tpulm " in line:
+                commands.append(line)
+    return commands
+
+
+def readme_python() -> str:
+    text = README.read_text(encoding="utf-8")
+    return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "fill-mask" in b)
+
+
+def argv_of(command: str) -> list[str]:
+    for name, value in PLACEHOLDERS.items():
+        command = command.replace(name, value)
+    argv = shlex.split(command)[1:]
+    for prefix, extra in TINY.items():
+        if tuple(argv[: len(prefix)]) == prefix:
+            argv += extra
+            if prefix == ("export",) and "--step" in argv:
+                argv += ["--step", "4"]
+    return argv
+
+
+def flag(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_readme_paths_agree_from_one_example_to_the_next():
+    written_tokenizers, written_shards = set(), set()
+    commands = [argv_of(c) for c in readme_commands()]
+    assert len(commands) >= 10
+    for argv in commands:
+        local = [re.sub(r"^gs://[^/]+/", "", a) for a in argv]  # the TPU example's bucket
+        if argv[:2] == ["tokenizer", "train"]:
+            written_tokenizers.add(flag(local, "--output"))
+        if argv[:2] == ["data", "prepare"]:
+            written_shards.add(flag(local, "--output"))
+        if argv[0] == "train":  # (the laptop, GPU, TPU and JAX examples)
+            assert flag(local, "--tokenizer") in written_tokenizers, argv
+            for name in ("--train-data", "--eval-data"):
+                if flag(local, name):
+                    folder, split = flag(local, name).rsplit("/", 1)
+                    assert folder in written_shards and split in ("train", "validation"), argv
+
+
+DRIVER = """
+import json, sys
+from tpulm import cli
+commands, python = json.loads(sys.stdin.read())
+for argv in commands:
+    print("=== tpulm", *argv, flush=True)
+    print("=== exit", cli.main(argv, filter_native_logs=True), flush=True)
+print("=== python", flush=True)
+exec(python + "print(json.dumps(fill_mask('Goal of my life is to [MASK].')))\\n")
+"""
+
+
+def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    lines = [ln for ln in (wikitext_dir / "valid.txt").read_text(encoding="utf-8").splitlines() if ln.strip()]
+    (corpus / "train-0.txt").write_text("\n".join(lines[:500]) + "\n", encoding="utf-8")
+    (corpus / "train-1.txt").write_text("\n".join(lines[500:900]) + "\n", encoding="utf-8")
+    (corpus / "valid.txt").write_text("\n".join(lines[900:1000]) + "\n", encoding="utf-8")
+    runnable = [argv_of(c) for c in readme_commands() if not any(x in c for x in NOT_HERE)]
+    train = next(a for a in runnable if a[0] == "train")
+    runnable.insert(runnable.index(train) + 1, train)  # the README: "rerun the same command"
+    python = readme_python().replace("RUN_DIR", PLACEHOLDERS["RUN_DIR"])
+    done = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps([runnable, python]),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    exits = re.findall(r"=== exit (\d+)", done.stdout)
+    assert exits == ["0"] * len(runnable), out
+    assert len(runnable) >= 8  # tokenizer, prepare, inspect, train twice, export x2, fill-mask x2
+    assert "asked for a vocabulary of 32000, got" in out  # the tiny corpus holds fewer tokens
+    assert "runs/tiny is complete at step 4" in out  # the rerun of a finished run
+    assert "\n\n\n" not in done.stdout
+    assert not [ln for ln in done.stderr.splitlines() if any(n in ln for n in NOISE)], done.stderr
+    assert "Epoch " not in out and "step 4/4 (100%)  loss " in out  # one line over the run
+    answers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(answers) == 5
+    for answer in answers:  # a word, and the "." follows it with no space piece between
+        assert answer["token_str"].strip(), answer
+        assert answer["sequence"].endswith(answer["token_str"].strip() + "."), answer
