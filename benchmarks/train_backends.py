@@ -34,17 +34,17 @@ def child(args) -> None:
     """One backend (``KERAS_BACKEND`` set by the parent): prints a ``RESULT`` JSON line."""
     import keras
 
-    from tpulm import metrics
+    from tpulm.training import flops
     from tpulm.training.masking import max_predictions
 
     data = {"tokenizer": Path(args.data) / "tokenizer", "train": Path(args.data) / "train"}
     if args.dropout_off:
         bench.MODEL.update(hidden_dropout=0.0, attention_dropout=0.0)
     run = bench.tpulm_run(data, Path(args.run_dir), args.steps, args.warmup)
-    flops = metrics.train_flops_per_sequence(run["model_cfg"], bench.SEQ, max_predictions(bench.SEQ, 0.15))
+    per_sequence = flops.train_flops_per_sequence(run["model_cfg"], bench.SEQ, max_predictions(bench.SEQ, 0.15))
     print("RESULT", json.dumps({
         "backend": keras.backend.backend(), "tokens_per_second": run["tokens_per_second"],
-        "flops_per_token": flops / bench.SEQ, "peak": _matmul_flops(keras.backend.backend()),
+        "flops_per_token": per_sequence / bench.SEQ, "peak": _matmul_flops(keras.backend.backend()),
         "first_loss": run["first_loss"], "last_loss": run["last_loss"],
     }))
 
@@ -52,9 +52,9 @@ def child(args) -> None:
 def _matmul_flops(backend: str) -> float:
     """fp32 (2048, 2048) matmul FLOP/s in this backend's framework, on the default device."""
     if backend == "tensorflow":
-        from tpulm import metrics
+        from tpulm.training import flops
 
-        return metrics.matmul_flops()
+        return flops.matmul_flops()
     from tpulm.training.jax_mesh import MeshStrategy
 
     return MeshStrategy(None, 1, "single").peak_flops(repeats=5)

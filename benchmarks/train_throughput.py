@@ -172,7 +172,7 @@ def main() -> None:
         return base_only(args)
     import torch
 
-    from tpulm import metrics
+    from tpulm.training import flops
     from tpulm.data.tokenizer import special_tokens
 
     threads = len(os.sched_getaffinity(0))
@@ -181,17 +181,17 @@ def main() -> None:
         root = Path(tmp)
         data = prepare(root)
         pad_id = special_tokens(str(data["tokenizer"])).pad_id
-        tf_peak, torch_peak = metrics.matmul_flops(), torch_matmul_flops()
+        tf_peak, torch_peak = flops.matmul_flops(), torch_matmul_flops()
         ours = tpulm_run(data, root / "run", args.steps, args.warmup)
         theirs = torch_run(data, args.steps, args.warmup, pad_id)
         bf16 = tpulm_run(data, root / "bf16", args.steps, args.warmup, "mixed_bfloat16") if args.bf16 else None
         torch_bf16 = torch_run(data, args.steps, args.warmup, pad_id, bf16=True) if args.bf16 else None
-        tf_peak = max(tf_peak, metrics.matmul_flops())  # the better of before/after the runs
+        tf_peak = max(tf_peak, flops.matmul_flops())  # the better of before/after the runs
         cfg = ours["model_cfg"]
         from tpulm.training.masking import max_predictions
 
-        ours_flops = metrics.train_flops_per_sequence(cfg, SEQ, max_predictions(SEQ, 0.15)) / SEQ
-        torch_flops = metrics.train_flops_per_sequence(cfg, SEQ, SEQ) / SEQ
+        ours_flops = flops.train_flops_per_sequence(cfg, SEQ, max_predictions(SEQ, 0.15)) / SEQ
+        torch_flops = flops.train_flops_per_sequence(cfg, SEQ, SEQ) / SEQ
         print(f"\nCPU threads {threads}; fp32 2048^3 matmul: TF {tf_peak / 1e9:.1f} GFLOP/s, "
               f"PyTorch {torch_peak / 1e9:.1f} GFLOP/s")
         print(f"config: 4 layers, hidden 256, 4 heads, FFN 1024, vocab {VOCAB}, seq {SEQ}, batch {BATCH}")
@@ -200,8 +200,8 @@ def main() -> None:
             rows += [("tpulm (mixed_bfloat16)", bf16, ours_flops),
                      ("PyTorch (autocast bfloat16)", torch_bf16, torch_flops)]
         peak = max(tf_peak, torch_peak)
-        for name, r, flops in rows:
-            print(f"{name:28s} {r['tokens_per_second']:9,.0f} tokens/s   MFU {100 * r['tokens_per_second'] * flops / peak:5.1f}%"
+        for name, r, per_token in rows:
+            print(f"{name:28s} {r['tokens_per_second']:9,.0f} tokens/s   MFU {100 * r['tokens_per_second'] * per_token / peak:5.1f}%"
                   f"   loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
         print(f"ratio tpulm / PyTorch (fp32): {ours['tokens_per_second'] / theirs['tokens_per_second']:.2f}x "
               f"(target >= 2x)")
