@@ -17,7 +17,7 @@ import pkgutil
 import sys
 
 from tpulm import __version__
-from tpulm.errors import TpulmError
+from tpulm.errors import Interrupted, TpulmError, describe_os_error
 
 
 def _command_modules() -> list:
@@ -66,3 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tpulm: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as err:  # SIGTERM / SIGINT during training: checkpoint saved
+        print(f"tpulm: {err}", file=sys.stderr)
+        return err.exit_code
+    except OSError as err:  # disk full, permissions, file-size limit: one line naming the path
+        print(f"tpulm: error: {describe_os_error(err)}", file=sys.stderr)
+        return 1

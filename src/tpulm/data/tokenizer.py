@@ -306,6 +306,9 @@ def hf_files(tokenizer, roles: dict[str, str], model_max_length: int) -> dict[st
     }
 
 
+FOLDER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
+
+
 def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, overwrite: bool) -> None:
     """Write the tokenizer folder atomically.
 
@@ -315,17 +318,15 @@ def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, o
     comes last.
     """
     files = hf_files(tokenizer, roles, model_max_length)
-    if storage.exists(storage.join(output, TOKENIZER_FILE)) and not overwrite:
-        raise TpulmError(
-            f"{output} already holds a tokenizer; choose another --output or pass --overwrite"
-        )
+    output = output.rstrip("/")
+    # Only a folder holding nothing but tokenizer files is ever replaced: never the corpus.
+    storage.check_replaceable(output, overwrite, files, "a tokenizer")
     if storage.is_remote(output):
         storage.makedirs(output)
         for name in sorted(files, key=lambda n: n == TOKENIZER_FILE):
             storage.write_text(storage.join(output, name), files[name])
         return
-    with storage.atomic_path(output.rstrip("/")) as tmp:  # an old folder goes only at the end
-        storage.makedirs(tmp)
+    with storage.atomic_folder(output, overwrite, ours=files) as tmp:  # old one goes at the end
         for name, text in files.items():
             with storage.open_file(storage.join(tmp, name), "w") as f:
                 f.write(text)
@@ -340,6 +341,8 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     Returns:
         A :class:`TokenizerResult` (path, vocab size, seconds, ``<unk>`` rate, fingerprint).
     """
+    # Refuse before training, not after: only a folder of tokenizer files may be replaced.
+    storage.check_replaceable(cfg.output.rstrip("/"), cfg.overwrite, FOLDER_FILES, "a tokenizer")
     start = time.perf_counter()
     tokenizer, samples = train(cfg)
     seconds = time.perf_counter() - start
