@@ -14,7 +14,6 @@ import logging
 import time
 
 from tpulm import rundir, storage
-from tpulm.errors import TpulmError
 from tpulm.model import weights
 
 log = logging.getLogger(__name__)
