@@ -83,3 +83,27 @@ def test_truncated_weights_file_is_an_error_naming_it(trained, tmp_path):
         weights.read(str(path))
     path.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00not json")
     assert weights.file_problem(str(path)) == "not a safetensors file (unreadable header)"
+
+
+def test_last_good_checkpoint_had_a_finite_not_diverging_loss(trained, tmp_path):
+    import json
+
+    from tpulm.training import checkpoint
+
+    _, run_dir = _copy(trained, tmp_path)
+    metrics = run_dir / rundir.METRICS_NAME
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+
+    def set_loss(step: int, loss: float) -> None:
+        for line in lines:
+            if line["split"] == "train" and line["step"] == step:
+                line["loss"] = loss
+        metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+    newest = checkpoint.last_good(str(run_dir), before=7)
+    assert newest[0] == rundir.checkpoint_dir(str(run_dir), 6)
+    set_loss(6, 4.4e13)  # diverging, though finite
+    assert checkpoint.last_good(str(run_dir), before=7)[0] == rundir.checkpoint_dir(str(run_dir), 4)
+    set_loss(4, float("nan"))
+    assert checkpoint.last_good(str(run_dir), before=7)[0] == rundir.checkpoint_dir(str(run_dir), 2)
+    assert checkpoint.last_good(str(run_dir), before=2) is None

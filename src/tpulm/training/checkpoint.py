@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 
 from tpulm import rundir, storage
@@ -151,3 +152,29 @@ def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
     state = storage.read_json(state_path)
     log.info("resuming from %s (step %d)", folder, step)
     return state
+
+
+def last_good(run_dir: str, before: int) -> tuple[str, float] | None:
+    """The checkpoint to go back to after a NaN/Inf loss at step ``before``, and its logged loss.
+
+    The newest complete checkpoint before that step whose train loss (the last ``metrics.jsonl``
+    train line at or before its step) was finite and not diverging: at most twice the lowest
+    loss logged up to it. Without metrics, the newest complete one.
+    """
+    from tpulm.metrics_log import read_metrics
+
+    path = storage.join(run_dir, rundir.METRICS_NAME)
+    try:
+        train = [r for r in read_metrics(path) if r["split"] == "train"] if storage.exists(path) else []
+    except TpulmError:
+        train = []
+    for step, folder in reversed(rundir.list_checkpoints(run_dir)):
+        if step >= before or rundir.checkpoint_problem(folder, step):
+            continue
+        upto = [float(r["loss"]) for r in train if r["step"] <= step]
+        finite = [x for x in upto if math.isfinite(x)]
+        if not upto:
+            return folder, float("nan")
+        if math.isfinite(upto[-1]) and upto[-1] <= 2 * min(finite):
+            return folder, upto[-1]
+    return None

@@ -200,12 +200,15 @@ class Trainer:
             with self.preemption:
                 self._run_calls(calls)
             self._stop_if_preempted()
+        except strategies.data_loss_error() as err:  # a corrupt or truncated shard
+            raise self._corrupt_data(err) from None
         except NonFiniteLoss as err:
-            latest = rundir.latest_checkpoint(self.cfg.run_dir)
+            good = checkpoint.last_good(self.cfg.run_dir, err.step)
+            named = f"{good[0]} (loss {good[1]:.4g})" if good else "none"
             raise TpulmError(
                 f"the training loss became NaN/Inf at step {err.step}; last good checkpoint: "
-                f"{latest[1] if latest else 'none'}. Lower --learning-rate (or raise --warmup) "
-                "and rerun to resume from it"
+                f"{named}. Lower --learning-rate (or raise --warmup), delete the checkpoints "
+                "after it, and rerun to resume from it"
             ) from None
         if start >= self.total_steps:  # nothing left to train: report the final state
             self._segment_end(start, {}, final_only=True)
@@ -249,6 +252,15 @@ class Trainer:
         if not final_only and (last or step % cfg.checkpoint_every == 0):
             self._save(step, tokens)
         self.overhead += time.monotonic() - t0
+
+    def _corrupt_data(self, err) -> TpulmError:
+        """The error to raise when reading the shards failed: which file, and what to run."""
+        files = [*self.train_set.files, *(self.eval_set.files if self.eval_set else ())]
+        found = inputs.find_corrupt_shard(files)
+        where = f"{found[0]} is corrupt or truncated ({found[1]})" if found else (
+            f"a shard could not be read ({err.message.splitlines()[0]})")
+        return TpulmError(f"{where}; check the folder with `tpulm data inspect`, then prepare "
+                          "the data again (or remove that file) and rerun to resume")
 
     def _stop_if_preempted(self) -> None:
         """After a SIGTERM / SIGINT: checkpoint the step reached and raise ``Interrupted``."""

@@ -169,6 +169,13 @@ def is_chief(strategy) -> bool:
     return is_chief_task(resolver.task_type, resolver.task_id, spec)
 
 
+def data_loss_error() -> type:
+    """TensorFlow's error for unreadable TFRecord data (tf.data reads the shards on every backend)."""
+    import tensorflow as tf
+
+    return tf.errors.DataLossError
+
+
 JIT_MODES = ("auto", "true", "false")
 
 
