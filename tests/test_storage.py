@@ -71,3 +71,21 @@ def test_a_file_in_the_way_is_never_replaced(tmp_path):
         with storage.atomic_folder(str(target), overwrite=True, ours={"config.toml"}):
             pass
     assert target.read_text() == "user data"
+
+
+def test_file_size_limit_is_one_line_naming_the_path(corpus_folder, tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import resource, signal, sys; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); from tpulm import cli; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+    out = tmp_path / "tok"
+    done = subprocess.run([sys.executable, "-c", code, "tokenizer", "train",
+                           str(corpus_folder / "corpus.txt"), "--vocab-size", "300", "--output",
+                           str(out)], capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": __import__("os").pathsep.join(sys.path)})
+    assert done.returncode == 1, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("tpulm: error: File too large: ") and str(out) in last, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and not out.exists()

@@ -143,6 +143,13 @@ def _replace(tmp: str, path: str) -> None:
         rename(tmp, path, overwrite=True)
 
 
+def _name_path(err: BaseException, path: str) -> None:
+    """Give an OSError raised while writing ``path`` (a full disk, a file-size limit: ``write``
+    names no file) that path, so the one-line message says where."""
+    if isinstance(err, OSError) and not err.filename:
+        err.filename = path
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path to write to (a file, or a folder the caller creates); on success
@@ -151,9 +158,10 @@ def atomic_path(path: str) -> Iterator[str]:
     try:
         yield tmp
         _replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if exists(tmp):
             _remove_any(tmp)
+        _name_path(err, path)
         raise
 
 
@@ -241,7 +249,8 @@ def atomic_folder(path: str, overwrite: bool, ours: Collection[str] = ()) -> Ite
         yield tmp
         check_replaceable(path, overwrite, set(ours) | set(listdir(tmp)))
         _replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if exists(tmp):
             _remove_any(tmp)
+        _name_path(err, path)
         raise

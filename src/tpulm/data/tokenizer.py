@@ -246,6 +246,17 @@ class _CountingBatches:
             self.error = err
 
 
+def _training_error(err: Exception, cfg: TokenizerConfig) -> TpulmError:
+    """A tokenizers training failure as one line saying what to change."""
+    if "not large enough" in str(err):
+        return TpulmError(
+            f"--vocab-size {cfg.vocab_size} is smaller than the corpus's alphabet (every distinct "
+            "character needs an entry): raise --vocab-size (10000-50000 is usual); if the input "
+            "is not text (binary files decoded with --encoding-errors replace bring thousands of "
+            "odd characters), check the input files")
+    return TpulmError(f"training the tokenizer failed: {err}; check the input files and settings")
+
+
 def train(cfg: TokenizerConfig):
     """Train the tokenizer ``cfg`` describes; returns (``tokenizers.Tokenizer``, samples seen)."""
     from tokenizers import processors
@@ -256,7 +267,12 @@ def train(cfg: TokenizerConfig):
     batches = _CountingBatches(
         corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty)
     )
-    tokenizer.train_from_iterator(iter(batches), trainer=trainer)
+    try:
+        tokenizer.train_from_iterator(iter(batches), trainer=trainer)
+    except Exception as err:  # the tokenizers library raises plain Exceptions
+        if batches.error is not None:
+            raise batches.error from None
+        raise _training_error(err, cfg) from None
     if batches.error is not None:
         raise batches.error
     if batches.samples == 0:
