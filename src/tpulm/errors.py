@@ -31,7 +31,13 @@ class Interrupted(Exception):
 
 def describe_os_error(err: OSError) -> str:
     """One line for an operating-system error (disk full, no permission, file too large): what
-    failed, on which path, and that rerunning the command resumes once it is fixed."""
+    failed, on which path, what to do, and that rerunning the command resumes once it is fixed."""
+    import errno
+
     where = " -> ".join(str(p) for p in (err.filename, err.filename2) if p) or "a file"
     reason = err.strerror or str(err) or type(err).__name__
-    return f"{reason}: {where}; fix that (free space, permissions) and rerun the command to resume"
+    advice = {errno.ENOSPC: "free some space", errno.EDQUOT: "free some space",
+              errno.EACCES: "check its permissions", errno.EPERM: "check its permissions",
+              errno.EROFS: "choose a writable place",
+              errno.EFBIG: "raise the file-size limit (ulimit -f)"}.get(err.errno, "fix that")
+    return f"{reason}: {where}; {advice} and rerun the command (finished work is kept)"

@@ -146,7 +146,7 @@ def _replace(tmp: str, path: str) -> None:
 def _name_path(err: BaseException, path: str) -> None:
     """Give an OSError raised while writing ``path`` (a full disk, a file-size limit: ``write``
     names no file) that path, so the one-line message says where."""
-    if isinstance(err, OSError) and not err.filename:
+    if isinstance(err, OSError) and err.errno is not None and not err.filename:
         err.filename = path
 
 
