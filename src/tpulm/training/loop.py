@@ -224,7 +224,8 @@ class Trainer:
                 initial_epoch=initial,
                 epochs=initial + epochs,
                 steps_per_epoch=steps * a,
-                callbacks=[self.monitor, SegmentEnd(self._segment_end), self.preemption.callback()],
+                callbacks=[self.monitor, SegmentEnd(self._segment_end),
+                           self.preemption.callback(a)],
                 verbose=progress_verbosity(self.cfg.progress),
                 shuffle=False,  # the dataset is shuffled, deterministically
             )

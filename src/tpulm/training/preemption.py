@@ -88,21 +88,29 @@ class Preemption:
             self.signum = signal.SIGTERM  # another process was told
         return bool(flags.max())
 
-    def callback(self) -> StopOnSignal:
-        return StopOnSignal(self)
+    def callback(self, accumulation: int = 1) -> StopOnSignal:
+        return StopOnSignal(self, accumulation)
 
 
 class StopOnSignal(keras.callbacks.Callback):
-    """Stops ``fit`` after the compiled call during which a signal came (see ``Preemption``)."""
+    """Stops ``fit`` after the compiled call during which a signal came (see ``Preemption``).
 
-    def __init__(self, preemption: Preemption):
+    With gradient accumulation it stops only after a call that ends on an optimizer update
+    (``batch`` counts micro-batches within the Keras epoch, which starts on an update), so the
+    checkpoint never holds half-accumulated gradients.
+    """
+
+    def __init__(self, preemption: Preemption, accumulation: int = 1):
         super().__init__()
         self.preemption = preemption
+        self.accumulation = accumulation
         self.stopped = False
 
     def on_train_batch_end(self, batch, logs=None):
         from tpulm.training.callbacks import optimizer_step
 
-        if not self.stopped and self.preemption.agreed(optimizer_step(self.model)):
+        if self.stopped or (batch + 1) % self.accumulation:
+            return
+        if self.preemption.agreed(optimizer_step(self.model)):
             self.stopped = True
             self.model.stop_training = True
