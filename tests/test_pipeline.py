@@ -104,3 +104,12 @@ def test_shipped_configs_are_found_by_name():
     assert config.find_config("tiny").endswith("tiny.toml")
     with pytest.raises(TpulmError, match="neither a file nor a preset"):
         config.find_config("no-such-preset")
+
+
+def test_output_folders_holding_user_files_are_refused_before_any_stage_runs(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "mine.txt").write_text("keep")
+    calls: list[str] = []
+    with pytest.raises(TpulmError, match=r"/b holds files tpulm did not write \(mine.txt\)"):
+        pipeline.execute(make_stages(tmp_path, {"a": 1, "b": 2, "c": 3, "d": 4}, calls), str(tmp_path))
+    assert calls == [] and (tmp_path / "b" / "mine.txt").read_text() == "keep"

@@ -107,8 +107,19 @@ def write_record(work_dir: str, name: str, key: str, complete: bool) -> None:
     storage.write_text(_record_path(work_dir, name), json.dumps(record) + "\n")
 
 
+def _refuse_foreign_outputs(stages: list[Stage], work_dir: str) -> None:
+    """Before anything runs: a stage that never ran in this work dir must find its output folders
+    missing or empty; what is there is not tpulm's, and a later change of settings would remove
+    it with the stage's outputs."""
+    for stage in stages:
+        if not storage.exists(_record_path(work_dir, stage.name)):
+            for path in stage.outputs:
+                storage.check_replaceable(path, overwrite=False, ours=())
+
+
 def execute(stages: list[Stage], work_dir: str) -> dict[str, Any]:
     """Run ``stages`` in order, skipping complete ones; returns each stage's result (or None)."""
+    _refuse_foreign_outputs(stages, work_dir)
     keys: dict[str, str] = {}
     results: dict[str, Any] = {}
     for stage in stages:

@@ -357,6 +357,9 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     Returns:
         A :class:`TokenizerResult` (path, vocab size, seconds, ``<unk>`` rate, fingerprint).
     """
+    source = cfg.source()
+    if not source.dataset:
+        corpus.resolve_files(source.files)  # a missing input is the first thing to say
     # Refuse before training, not after: only a folder of tokenizer files may be replaced.
     storage.check_replaceable(cfg.output.rstrip("/"), cfg.overwrite, FOLDER_FILES, "a tokenizer")
     start = time.perf_counter()
