@@ -15,6 +15,7 @@ import math
 import time
 
 from tpulm import rundir, storage
+from tpulm.errors import TpulmError
 from tpulm.model import weights
 
 log = logging.getLogger(__name__)
