@@ -174,8 +174,8 @@ def main() -> None:
         return base_only(args)
     import torch
 
-    from tpulm.training import flops
     from tpulm.data.tokenizer import special_tokens
+    from tpulm.training import flops
 
     threads = len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)

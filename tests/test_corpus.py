@@ -96,3 +96,16 @@ def test_hub_dataset_offline_is_a_clear_error(monkeypatch):
     source = Source(dataset="tpulm-no-such-user/no-such-dataset", split="train")
     with pytest.raises(TpulmError, match=r"cannot stream 🤗 dataset tpulm-no-such-user/no-such-dataset/train: .*input files"):
         list(corpus.iter_samples(source))
+
+
+def test_very_long_lines_are_cut_into_bounded_samples(tmp_path, wikitext_dir):
+    words = (wikitext_dir / "valid.txt").read_text(encoding="utf-8").replace("\n", " ").split()
+    long_line = " ".join(words)[: 3 * corpus.MAX_SAMPLE_CHARS + 5]
+    (tmp_path / "a.txt").write_text(f"short\n{long_line}\nx{'y' * corpus.MAX_SAMPLE_CHARS}\n",
+                                    encoding="utf-8")
+    samples = [s for b in corpus.iter_batches(Source(files=(str(tmp_path / "a.txt"),)), 100) for s in b]
+    assert samples[0] == "short"
+    pieces = samples[1:5]
+    assert "".join(pieces) == long_line and len(pieces) == 4
+    assert all(len(p) <= corpus.MAX_SAMPLE_CHARS and p.endswith(" ") for p in pieces[:-1])  # whole words
+    assert samples[5:] == ["x" + "y" * (corpus.MAX_SAMPLE_CHARS - 1), "y"]  # no space: a hard cut

@@ -145,14 +145,18 @@ def test_failed_export_leaves_no_folder(run, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_existing_export_needs_overwrite(run, tmp_path):
+def test_existing_export_needs_overwrite_and_user_files_are_never_replaced(run, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("old")
+    export.write_export(str(run[0]), str(out))
+    (out / "model.safetensors").write_bytes(b"old")
     with pytest.raises(TpulmError, match="--overwrite"):
         export.write_export(str(run[0]), str(out))
     export.write_export(str(run[0]), str(out), overwrite=True)
-    assert "old.txt" not in os.listdir(out) and (out / "model.safetensors").exists()
+    assert (out / "model.safetensors").read_bytes() != b"old"
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(TpulmError, match=r"out holds files tpulm did not write \(notes.txt\)"):
+        export.write_export(str(run[0]), str(out), overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").exists()
     assert os.listdir(tmp_path) == ["out"]
 
 

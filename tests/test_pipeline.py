@@ -180,3 +180,12 @@ def test_a_folder_named_like_a_preset_does_not_hide_it(tmp_path, monkeypatch):
     assert config.find_config("demo").endswith("demo.toml")
     (tmp_path / "mine.toml").write_text("[run]\n")
     assert config.find_config("mine.toml") == "mine.toml"
+
+
+def test_output_folders_holding_user_files_are_refused_before_any_stage_runs(tmp_path):
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "mine.txt").write_text("keep")
+    calls: list[str] = []
+    with pytest.raises(TpulmError, match=r"/b holds files tpulm did not write \(mine.txt\)"):
+        pipeline.execute(make_stages(tmp_path, {"a": 1, "b": 2, "c": 3, "d": 4}, calls), str(tmp_path))
+    assert calls == [] and (tmp_path / "b" / "mine.txt").read_text() == "keep"

@@ -3,15 +3,24 @@ bit-identical to an uninterrupted run (CPU, fixed seed, dropout on, XLA on)."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from support.training import small_corpus
+from support.training import (
+    comparable_metrics as _comparable,
+)
+from support.training import (
+    logged_train_steps as _train_steps,
+)
+from support.training import (
+    small_corpus,
+    train_command,
+)
+from support.training import (
+    subprocess_env as _env,
+)
 
 from tpulm import rundir
 
@@ -19,39 +28,7 @@ STEPS, EVERY = 30, 10
 
 
 def _command(corpus: dict, run_dir: Path) -> list[str]:
-    return [
-        sys.executable, "-m", "tpulm", "train", "--model", "tiny",
-        "--train-data", str(corpus["train"]), "--eval-data", str(corpus["valid"]),
-        "--tokenizer", str(corpus["tokenizer"]), "--run-dir", str(run_dir),
-        "--batch-size", "8", "--max-steps", str(STEPS), "--checkpoint-every", str(EVERY),
-        "--keep-checkpoints", "5", "--log-every", "1", "--eval-every", "15",
-        "--learning-rate", "1e-3", "--progress", "false", "--peak-tflops", "1",
-    ]
-
-
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-
-
-def _train_steps(run_dir: Path) -> list[int]:
-    path = run_dir / rundir.METRICS_NAME
-    if not path.exists():
-        return []
-    steps = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue  # a line being written
-        if record["split"] == "train":
-            steps.append(record["step"])
-    return steps
-
-
-def _comparable(run_dir: Path) -> list[dict]:
-    drop = {"time", "tokens_per_second"}
-    lines = [json.loads(x) for x in (run_dir / rundir.METRICS_NAME).read_text().splitlines()]
-    return [{k: v for k, v in x.items() if k not in drop} for x in lines]
+    return train_command(corpus, run_dir, STEPS, EVERY)
 
 
 def test_sigkill_between_checkpoints_then_rerun_is_bit_identical(tmp_path, wikitext_dir):

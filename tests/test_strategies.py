@@ -71,3 +71,23 @@ def test_two_replicas_match_one_replica(tmp_path, wikitext_dir):
     assert w1.keys() == w2.keys()
     for name in w1:
         np.testing.assert_allclose(w2[name], w1[name], rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_only_the_chief_writes_shared_files():
+    import tensorflow as tf
+
+    from tpulm.training.strategies import is_chief, is_chief_task
+
+    def chief(task_type, task_id, cluster):  # as a real resolver of that TF_CONFIG reports it
+        spec = tf.train.ClusterSpec(cluster) if cluster else tf.train.ClusterSpec({})
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            spec, task_type=task_type, task_id=task_id)
+        return is_chief_task(resolver.task_type, resolver.task_id, resolver.cluster_spec().as_dict())
+
+    workers = {"worker": ["h0:1", "h1:1"]}
+    assert chief("worker", 0, workers) and not chief("worker", 1, workers)
+    with_chief = {"chief": ["c:1"], "worker": ["h0:1"]}
+    assert chief("chief", 0, with_chief) and not chief("worker", 0, with_chief)
+    assert not chief("evaluator", 0, {**workers, "evaluator": ["e:1"]})
+    assert chief(None, None, None)
+    assert is_chief(tf.distribute.get_strategy())  # one process: it writes

@@ -250,3 +250,12 @@ def test_mask_token_takes_the_place_of_a_word(trained):
     assert masked[at - 1] == "▁an" and masked[at + 1] == "▁of"  # no lone "▁" before the mask
     assert masked[:at] == plain[:at]  # the words around the mask encode as without it
     assert masked[at + 1 :] == plain[len(plain) - len(masked) + at + 1 :]
+
+
+def test_vocabulary_smaller_than_the_alphabet_is_explained(tmp_path, wikitext_dir):
+    text = tmp_path / "small.txt"
+    text.write_text("\n".join(nonempty_lines(wikitext_dir / "valid.txt")[:50]), encoding="utf-8")
+    out = tmp_path / "tok"
+    with pytest.raises(TpulmError, match=r"--vocab-size 10 is smaller than the corpus's alphabet"):
+        tokenizer.run(TokenizerConfig(inputs=(str(text),), output=str(out), vocab_size=10))
+    assert not out.exists()

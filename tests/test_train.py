@@ -170,3 +170,31 @@ def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
                              tokenizer=str(corpus["tokenizer"]), epochs=1, **QUICK))
     assert result.step == manifest.records // 8  # one epoch of full batches
     assert result.eval is not None and math.isfinite(result.eval["loss"])
+
+
+def test_a_process_that_is_not_the_chief_writes_nothing_shared(tmp_path, corpus):
+    from tpulm.training import loop
+
+    run_dir = tmp_path / "run"
+    cfg = TrainConfig(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
+                      tokenizer=str(corpus["tokenizer"]), run_dir=str(run_dir), max_steps=4,
+                      checkpoint_every=2, eval_every=2, log_every=1, **QUICK)
+    trainer = loop.Trainer(cfg, {})
+    assert trainer.writer  # one process: the chief
+    trainer.writer = False  # as process 1 of a multi-host run sees itself
+    result = trainer.fit()
+    assert result.step == 4 and result.eval is not None  # it trained and evaluated
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # but wrote nothing shared
+
+
+def test_a_corrupt_shard_during_training_is_named(tmp_path, corpus):
+    import shutil
+
+    train = tmp_path / "train"
+    shutil.copytree(corpus["train"], train)
+    last = sorted(train.iterdir())[-1]  # preflight reads the first shard; this one only training
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TpulmError, match=rf"{last} is corrupt or truncated \(.*tpulm data inspect"):
+        run(TrainConfig(run_dir=str(tmp_path / "run"), train_data=str(train),
+                        tokenizer=str(corpus["tokenizer"]), max_steps=40, **QUICK))

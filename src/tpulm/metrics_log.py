@@ -98,15 +98,19 @@ class MetricsLog:
         run_dir: the run dir.
         resume_step: step of the checkpoint training starts from (0 for a fresh run).
         time_offset: training seconds already spent before ``resume_step``.
+        writer: this process writes the run dir's shared files (the chief); others write nothing.
     """
 
-    def __init__(self, run_dir: str, resume_step: int = 0, time_offset: float = 0.0):
+    def __init__(self, run_dir: str, resume_step: int = 0, time_offset: float = 0.0,
+                 writer: bool = True):
         self.path = storage.join(run_dir, rundir.METRICS_NAME)
+        self.writer = writer
         self.start = time.monotonic() - time_offset
         self._writers: dict = {}
         self._tb_dir = storage.join(run_dir, rundir.TENSORBOARD_DIR)
-        self._lines = self._kept_lines(resume_step)
-        storage.write_text(self.path, "".join(self._lines))
+        self._lines = self._kept_lines(resume_step) if writer else []
+        if writer:
+            storage.write_text(self.path, "".join(self._lines))
 
     def _kept_lines(self, resume_step: int) -> list[str]:
         if not storage.exists(self.path):
@@ -122,6 +126,8 @@ class MetricsLog:
         line = {"split": split, "step": step, "time": round(self.elapsed(), 3), "tokens": tokens}
         line.update({k: float(v) for k, v in values.items()})
         text = json.dumps(line) + "\n"
+        if not self.writer:
+            return line
         self._lines.append(text)
         if storage.is_remote(self.path):  # object stores cannot append: rewrite (small file)
             storage.write_text(self.path, "".join(self._lines))

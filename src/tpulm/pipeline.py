@@ -200,14 +200,26 @@ def plan_actions(stages: list[Stage], work_dir: str, restart: Collection[str] = 
     return actions
 
 
+def _refuse_foreign_outputs(stages: list[Stage], work_dir: str) -> None:
+    """Before anything runs: a stage that never ran in this work dir must find its output folders
+    missing or empty; what is there is not tpulm's, and a later change of settings would remove
+    it with the stage's outputs."""
+    for stage in stages:
+        if not storage.exists(_record_path(work_dir, stage.name)):
+            for path in stage.outputs:
+                storage.check_replaceable(path, overwrite=False, ours=())
+
+
 def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = ()) -> dict[str, Any]:
     """Run ``stages`` in order, skipping complete ones; returns each stage's result (or None).
 
     Every decision is taken (and every refusal raised) before the first stage runs or any output
     is removed.
     """
+    actions = plan_actions(stages, work_dir, restart)
+    _refuse_foreign_outputs(stages, work_dir)
     results: dict[str, Any] = {}
-    for stage, key, upstream, decision in plan_actions(stages, work_dir, restart):
+    for stage, key, upstream, decision in actions:
         log.info("stage %s: %s", stage.name, decision.reason)
         if decision.action == "skip":
             results[stage.name] = None

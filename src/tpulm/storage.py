@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from typing import IO, Any
 
@@ -143,6 +143,13 @@ def _replace(tmp: str, path: str) -> None:
         rename(tmp, path, overwrite=True)
 
 
+def _name_path(err: BaseException, path: str) -> None:
+    """Give an OSError raised while writing ``path`` (a full disk, a file-size limit: ``write``
+    names no file) that path, so the one-line message says where."""
+    if isinstance(err, OSError) and err.errno is not None and not err.filename:
+        err.filename = path
+
+
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path to write to (a file, or a folder the caller creates); on success
@@ -151,9 +158,10 @@ def atomic_path(path: str) -> Iterator[str]:
     try:
         yield tmp
         _replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if exists(tmp):
             _remove_any(tmp)
+        _name_path(err, path)
         raise
 
 
@@ -188,16 +196,61 @@ def write_json(path: str, value: Any, sort_keys: bool = False) -> None:
     write_text(path, json.dumps(value, indent=2, ensure_ascii=False, sort_keys=sort_keys) + "\n")
 
 
+def check_replaceable(path: str, overwrite: bool, ours: Collection[str] | None = (),
+                      what: str = "files") -> None:
+    """Refuse to replace ``path`` unless doing so deletes nothing a user owns.
+
+    The one rule for every command that writes a folder: a missing path or an empty folder may
+    be written; a regular file never is; a non-empty folder is replaced only with ``overwrite``
+    and only when every entry in it is one of ``ours`` (the names the writer itself puts there,
+    so the folder was written by tpulm). Anything else is named in the error and left untouched.
+
+    Args:
+        path: the folder about to be (re)written.
+        overwrite: the user asked to replace an existing folder (``--overwrite``).
+        ours: top-level names this writer creates (files or folders); None: not known yet, so
+            only the file and ``overwrite`` rules are checked.
+        what: what the folder holds, for the message ("a tokenizer").
+
+    Raises:
+        TpulmError: ``path`` is a file, holds foreign entries, or is non-empty without overwrite.
+    """
+    if not exists(path):
+        return
+    if not isdir(path):
+        raise TpulmError(f"{path} is a file, not a folder; choose another output folder "
+                         "(nothing was changed)")
+    names = listdir(path)
+    if not names:
+        return
+    foreign = [] if ours is None else [n for n in names if n not in ours]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise TpulmError(f"{path} holds files tpulm did not write ({shown}); choose another "
+                         "output folder (nothing was changed)")
+    if not overwrite:
+        raise TpulmError(f"{path} already holds {what}; pass --overwrite to replace it or "
+                         "choose another folder")
+
+
 @contextmanager
-def atomic_folder(path: str, overwrite: bool) -> Iterator[str]:
+def atomic_folder(path: str, overwrite: bool, ours: Collection[str] = ()) -> Iterator[str]:
     """Yield a new temporary sibling folder that replaces ``path`` (by rename) once complete.
 
-    On error it is deleted, so no half-written folder appears under ``path``. A non-empty ``path``
-    is replaced only with ``overwrite``.
+    On error it is deleted, so no half-written folder appears under ``path``. What may be
+    replaced is decided by :func:`check_replaceable` (checked before and again just before the
+    swap, in case the folder changed meanwhile); by default ``ours`` is the names of the new
+    folder's entries.
     """
-    if exists(path) and (not isdir(path) or listdir(path)) and not overwrite:
-        raise TpulmError(
-            f"{path} already exists and is not empty; pass --overwrite or choose another folder")
-    with atomic_path(path) as tmp:
+    check_replaceable(path, overwrite, ours or None)
+    tmp = temporary_name(path)
+    try:
         makedirs(tmp)
         yield tmp
+        check_replaceable(path, overwrite, set(ours) | set(listdir(tmp)))
+        _replace(tmp, path)
+    except BaseException as err:
+        if exists(tmp):
+            _remove_any(tmp)
+        _name_path(err, path)
+        raise

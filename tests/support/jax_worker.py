@@ -27,7 +27,10 @@ import numpy as np
 def _losses(run_dir: str) -> dict[int, float]:
     from pathlib import Path
 
-    lines = [json.loads(t) for t in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():  # a process other than 0 writes no shared files
+        return {}
+    lines = [json.loads(t) for t in path.read_text().splitlines()]
     return {line["step"]: line["loss"] for line in lines if line["split"] == "train"}
 
 

@@ -77,3 +77,52 @@ def small_corpus(out: Path, wikitext_dir: Path, max_length: int = 32, train_line
     ids, mask = blocks(tok, wikitext_lines(wikitext_dir, "test", valid_lines), max_length)
     write_shards(out / "valid", ids, mask, 2)
     return {"tokenizer": tok, "train": out / "train", "valid": out / "valid"}
+
+
+def train_command(corpus: dict, run_dir: Path, steps: int, every: int) -> list[str]:
+    """A ``tpulm train`` command line: tiny model, one log line a step, checkpoints every ``every``."""
+    import sys
+
+    return [
+        sys.executable, "-m", "tpulm", "train", "--model", "tiny",
+        "--train-data", str(corpus["train"]), "--eval-data", str(corpus["valid"]),
+        "--tokenizer", str(corpus["tokenizer"]), "--run-dir", str(run_dir),
+        "--batch-size", "8", "--max-steps", str(steps), "--checkpoint-every", str(every),
+        "--keep-checkpoints", "5", "--log-every", "1", "--eval-every", "15",
+        "--learning-rate", "1e-3", "--progress", "false", "--peak-tflops", "1",
+    ]
+
+
+def subprocess_env() -> dict:
+    """This process's environment, with its import path (so subprocesses import this tree)."""
+    import os
+    import sys
+
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def logged_train_steps(run_dir: Path) -> list[int]:
+    """Steps of the train lines in ``metrics.jsonl`` so far (a line being written is skipped)."""
+    import json
+
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if record["split"] == "train":
+            steps.append(record["step"])
+    return steps
+
+
+def comparable_metrics(run_dir: Path) -> list[dict]:
+    """``metrics.jsonl`` lines without their timings (which differ between runs)."""
+    import json
+
+    drop = {"time", "tokens_per_second"}
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in x.items() if k not in drop} for x in lines]

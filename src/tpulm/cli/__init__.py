@@ -18,7 +18,7 @@ import sys
 
 from tpulm import __version__
 from tpulm.cli import _quiet
-from tpulm.errors import TpulmError
+from tpulm.errors import Interrupted, TpulmError, describe_os_error
 from tpulm.training import backends
 
 
@@ -93,3 +93,9 @@ def main(argv: list[str] | None = None, *, filter_native_logs: bool | None = Non
     except KeyboardInterrupt:
         print("tpulm: interrupted", file=sys.stderr)
         return 130
+    except Interrupted as err:  # SIGTERM / SIGINT during training: checkpoint saved
+        print(f"tpulm: {err}", file=sys.stderr)
+        return err.exit_code
+    except OSError as err:  # disk full, permissions, file-size limit: one line naming the path
+        print(f"tpulm: error: {describe_os_error(err)}", file=sys.stderr)
+        return 1

@@ -210,6 +210,27 @@ def iter_samples(source: Source) -> Iterator[str]:
         yield from _reader_for(path)(path, source)
 
 
+# Longest sample handed to a tokenizer, in characters. The tokenizers library needs roughly 100
+# bytes of memory per character of one sample (a single 50 MB line peaked at 5.9 GB), so longer
+# samples are cut into pieces of at most this size, each a sample of its own.
+MAX_SAMPLE_CHARS = 100_000
+
+
+def bounded(samples: Iterator[str], limit: int = MAX_SAMPLE_CHARS) -> Iterator[str]:
+    """``samples`` with every one longer than ``limit`` characters cut into consecutive pieces.
+
+    Each cut falls after the last whitespace of the piece when there is one (so words stay
+    whole), else at ``limit``; the pieces concatenate to the original sample. With
+    ``tpulm data prepare`` each piece gets its own ``[CLS] ... [SEP]``.
+    """
+    for text in samples:
+        while len(text) > limit:
+            cut = max(text.rfind(" ", 0, limit), text.rfind("\n", 0, limit)) + 1 or limit
+            yield text[:cut]
+            text = text[cut:]
+        yield text
+
+
 def iter_batches(
     source: Source, batch_size: int, *, keep_empty: bool = False, start: int = 0
 ) -> Iterator[list[str]]:
@@ -224,7 +245,7 @@ def iter_batches(
     """
     batch: list[str] = []
     index = 0
-    for text in iter_samples(source):
+    for text in bounded(iter_samples(source)):
         if not keep_empty and not text.strip():
             continue
         index += 1

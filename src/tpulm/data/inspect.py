@@ -109,7 +109,7 @@ def _check_shard(report: SplitReport, path: str, max_length: int, vocab_size: in
     return tokens
 
 
-def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int],
+def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int | None],
                     tok: tokenizer.TokenizerFolder | None):
     files = {s.file: s for s in manifest.shards}
     if sorted(files) != sorted(per_file):
@@ -118,7 +118,7 @@ def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int],
         )
     for name, tokens in per_file.items():
         info = files.get(name)
-        if info and (info.records != shards.parse_shard_name(name)[1] or info.tokens != tokens):
+        if info and tokens is not None and (info.records != shards.parse_shard_name(name)[1] or info.tokens != tokens):
             report.problems.append(
                 f"{name}: manifest says {info.records} records/{info.tokens} tokens, "
                 f"file holds {shards.parse_shard_name(name)[1]}/{tokens}"
@@ -186,11 +186,13 @@ def inspect_split(split_dir: str, tok_dir: str | None, decode: int) -> SplitRepo
         return report
     per_file = {}
     for path in files:
+        name = path.rsplit("/", 1)[-1]
         try:
-            per_file[path.rsplit("/", 1)[-1]] = _check_shard(report, path, report.max_length, vocab)
+            per_file[name] = _check_shard(report, path, report.max_length, vocab)
         except TpulmError as err:
             report.problems.append(str(err))
-    report.tokens = sum(per_file.values())
+            per_file[name] = None  # unreadable, but there: not also "missing from the folder"
+    report.tokens = sum(t for t in per_file.values() if t is not None)
     if manifest is not None:
         _check_manifest(report, manifest, per_file, tok)
     if not report.problems:

@@ -275,6 +275,17 @@ class _CountingBatches:
             self.error = err
 
 
+def _training_error(err: Exception, cfg: TokenizerConfig) -> TpulmError:
+    """A tokenizers training failure as one line saying what to change."""
+    if "not large enough" in str(err):
+        return TpulmError(
+            f"--vocab-size {cfg.vocab_size} is smaller than the corpus's alphabet (every distinct "
+            "character needs an entry): raise --vocab-size (10000-50000 is usual); if the input "
+            "is not text (binary files decoded with --encoding-errors replace bring thousands of "
+            "odd characters), check the input files")
+    return TpulmError(f"training the tokenizer failed: {err}; check the input files and settings")
+
+
 def train(cfg: TokenizerConfig):
     """Train the tokenizer ``cfg`` describes; returns (``tokenizers.Tokenizer``, samples seen)."""
     from tokenizers import processors
@@ -285,7 +296,12 @@ def train(cfg: TokenizerConfig):
     batches = _CountingBatches(
         corpus.iter_batches(cfg.source(), cfg.batch_size, keep_empty=cfg.keep_empty)
     )
-    tokenizer.train_from_iterator(iter(batches), trainer=trainer)
+    try:
+        tokenizer.train_from_iterator(iter(batches), trainer=trainer)
+    except Exception as err:  # the tokenizers library raises plain Exceptions
+        if batches.error is not None:
+            raise batches.error from None
+        raise _training_error(err, cfg) from None
     if batches.error is not None:
         raise batches.error
     if batches.samples == 0:
@@ -344,6 +360,9 @@ def hf_files(tokenizer, roles: dict[str, str], model_max_length: int) -> dict[st
     }
 
 
+FOLDER_FILES = (TOKENIZER_FILE, TOKENIZER_CONFIG_FILE, SPECIAL_TOKENS_MAP_FILE)
+
+
 def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, overwrite: bool) -> None:
     """Write the tokenizer folder atomically.
 
@@ -353,17 +372,15 @@ def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, o
     comes last.
     """
     files = hf_files(tokenizer, roles, model_max_length)
-    if storage.exists(storage.join(output, TOKENIZER_FILE)) and not overwrite:
-        raise TpulmError(
-            f"{output} already holds a tokenizer; choose another --output or pass --overwrite"
-        )
+    output = output.rstrip("/")
+    # Only a folder holding nothing but tokenizer files is ever replaced: never the corpus.
+    storage.check_replaceable(output, overwrite, files, "a tokenizer")
     if storage.is_remote(output):
         storage.makedirs(output)
         for name in sorted(files, key=lambda n: n == TOKENIZER_FILE):
             storage.write_text(storage.join(output, name), files[name])
         return
-    with storage.atomic_path(output.rstrip("/")) as tmp:  # an old folder goes only at the end
-        storage.makedirs(tmp)
+    with storage.atomic_folder(output, overwrite, ours=files) as tmp:  # old one goes at the end
         for name, text in files.items():
             with storage.open_file(storage.join(tmp, name), "w") as f:
                 f.write(text)
@@ -378,6 +395,11 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     Returns:
         A :class:`TokenizerResult` (path, vocab size, seconds, ``<unk>`` rate, fingerprint).
     """
+    source = cfg.source()
+    if not source.dataset:
+        corpus.resolve_files(source.files)  # a missing input is the first thing to say
+    # Refuse before training, not after: only a folder of tokenizer files may be replaced.
+    storage.check_replaceable(cfg.output.rstrip("/"), cfg.overwrite, FOLDER_FILES, "a tokenizer")
     start = time.perf_counter()
     tokenizer, samples = train(cfg)
     seconds = time.perf_counter() - start

@@ -74,7 +74,7 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     hf_cfg = hf_config(model_cfg, tok.special)
     card = model_card(run_dir, step, model_cfg, state, tok, os.path.basename(out_dir.rstrip("/")),
                       repo_id)
-    with storage.atomic_folder(out_dir, overwrite) as tmp:
+    with storage.atomic_folder(out_dir, overwrite, ours=folder.EXPORT_FILES) as tmp:
         folder.save_safetensors(tmp, folder.WEIGHTS_FILE, state)
         storage.write_json(storage.join(tmp, folder.CONFIG_FILE), hf_cfg)
         folder.write_tokenizer(tok.path, tmp, model_cfg.max_positions)

@@ -12,6 +12,7 @@ import numpy as np
 
 from tpulm import storage
 from tpulm.data.tokenizer import (
+    FOLDER_FILES,
     SPECIAL_ROLES,
     SPECIAL_TOKENS_MAP_FILE,
     TOKENIZER_CONFIG_FILE,
@@ -24,6 +25,8 @@ WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 PICKLE_FILE = "pytorch_model.bin"
 CARD_FILE = "README.md"
+# What `tpulm export` writes: the only names `export --overwrite` may replace.
+EXPORT_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, *FOLDER_FILES})
 
 
 def read_hf_weights(hf_dir: str, allow_pickle: bool = False) -> dict[str, np.ndarray]:

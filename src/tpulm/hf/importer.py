@@ -38,7 +38,7 @@ def import_checkpoint(settings: ImportConfig) -> str:
         raise TpulmError(f"{hf_dir} has no {TOKENIZER_FILE}; tpulm needs the fast tokenizer "
                          "(save it with a recent transformers: tokenizer.save_pretrained)")
     arrays = hf_to_keras(folder.read_hf_weights(hf_dir, settings.allow_pickle), model_cfg, hf_dir)
-    with storage.atomic_folder(run_dir, settings.overwrite) as tmp:
+    with storage.atomic_folder(run_dir, settings.overwrite, ours=rundir.NAMES) as tmp:
         tok_dir = storage.join(tmp, rundir.TOKENIZER_DIR)
         folder.write_tokenizer(hf_dir, tok_dir, model_cfg.max_positions)
         pad_id = open_folder(tok_dir).special.pad_id

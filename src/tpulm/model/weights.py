@@ -6,6 +6,8 @@ checkpoint written under TensorFlow loads under JAX and the reverse.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from tpulm import storage
@@ -29,13 +31,50 @@ def save(variables, path: str, metadata: dict[str, str] | None = None) -> None:
     storage.write_bytes(path, save_bytes(to_arrays(variables), metadata=metadata))
 
 
+def file_problem(path: str) -> str | None:
+    """Why ``path`` is not a complete safetensors file (None when it is), from its header alone.
+
+    The format is an 8-byte little-endian header length, a JSON header giving each tensor's byte
+    range, then the data: a complete file is exactly as long as the header says. This catches a
+    file truncated by a full disk or a killed copy without reading the tensors.
+    """
+    if not storage.exists(path):
+        return "missing"
+    total = storage.size(path)
+    with storage.open_file(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"truncated ({total} bytes)"
+        length = int.from_bytes(head, "little")
+        if length > total - 8:
+            return f"truncated ({total} bytes, header says more)"
+        try:
+            header = json.loads(f.read(length))
+            end = max([t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"] or [0])
+        except (ValueError, TypeError, KeyError, IndexError):
+            return "not a safetensors file (unreadable header)"
+    if total != 8 + length + end:
+        return f"truncated or padded ({total} bytes, header says {8 + length + end})"
+    return None
+
+
 def read(path: str) -> dict[str, np.ndarray]:
-    """All tensors of a safetensors file (local or remote)."""
+    """All tensors of a safetensors file (local or remote).
+
+    Raises:
+        TpulmError: the file is missing, truncated or not safetensors (the message names it).
+    """
     from safetensors.numpy import load as load_bytes
 
-    if not storage.exists(path):
-        raise TpulmError(f"weights file {path} does not exist")
-    return load_bytes(storage.read_bytes(path))
+    problem = file_problem(path)
+    if problem:
+        raise TpulmError(f"weights file {path} is {problem}; delete its checkpoint folder (an "
+                         "earlier one is used) or restore the file")
+    try:
+        return load_bytes(storage.read_bytes(path))
+    except Exception as err:  # safetensors raises its own SafetensorError for corrupt data
+        raise TpulmError(f"weights file {path} cannot be read ({err}); delete its checkpoint "
+                         "folder or restore the file") from None
 
 
 def assign(variables, arrays: dict[str, np.ndarray], where: str) -> None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 
 from tpulm import rundir, storage
 from tpulm.errors import TpulmError
 from tpulm.model import weights
 
 log = logging.getLogger(__name__)
+
+INCOMPLETE_SUFFIX = ".incomplete"
 
 
 class _Keyed:
@@ -87,17 +91,54 @@ def prune(run_dir: str, keep: int) -> None:
                 storage.rmtree(storage.join(root, name))
 
 
-def restore(run_dir: str, model, optimizer) -> dict | None:
-    """Load the newest checkpoint of ``run_dir`` into ``model`` and ``optimizer``.
+def set_aside(folder: str) -> str:
+    """Rename an incomplete checkpoint out of the way (kept for inspection, never deleted), so
+    it is neither resumed from nor mistaken for the save of its step later."""
+    aside = f"{folder}{INCOMPLETE_SUFFIX}"
+    if storage.exists(aside):
+        aside = f"{aside}-{int(time.time())}"
+    storage.rename(folder, aside, overwrite=False)
+    return aside
 
-    A checkpoint with only ``model.safetensors`` (as ``tpulm import`` writes) gives the model its
-    weights and leaves the optimizer fresh at step 0.
+
+def _pick(run_dir: str, writer: bool) -> tuple[int, str] | None:
+    """The newest complete checkpoint; newer incomplete ones are reported and set aside."""
+    found = rundir.resumable_checkpoint(run_dir)
+    if found is None:
+        return None
+    step, folder, skipped = found
+    for reason in skipped:
+        log.warning("skipping incomplete checkpoint %s", reason)
+    if skipped and writer:
+        for folder_step, newer in rundir.list_checkpoints(run_dir):
+            if folder_step > step:
+                log.warning("moved %s aside to %s", newer, set_aside(newer))
+    return step, folder
+
+
+def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
+    """Load the newest complete checkpoint of ``run_dir`` into ``model`` and ``optimizer``.
+
+    Newer incomplete checkpoints (a file missing, truncated or unreadable: see
+    ``rundir.checkpoint_problem``) are skipped with a warning naming each and why, and, by the
+    writing process, renamed to ``ckpt-<step>.incomplete``. A checkpoint with only
+    ``model.safetensors`` at step 0 (as ``tpulm import`` writes) gives the model its weights and
+    leaves the optimizer fresh.
+
+    Args:
+        run_dir: the run dir.
+        model: the built model.
+        optimizer: its built optimizer.
+        writer: this process writes the run dir's shared files (the chief).
 
     Returns:
         The saved ``state.json`` (``{"step": 0}`` for weights-only checkpoints), or None when
         the run dir has no checkpoint.
+
+    Raises:
+        TpulmError: there are checkpoints but none is complete.
     """
-    latest = rundir.latest_checkpoint(run_dir)
+    latest = _pick(run_dir, writer)
     if latest is None:
         return None
     step, folder = latest
@@ -109,11 +150,32 @@ def restore(run_dir: str, model, optimizer) -> dict | None:
     weights.load(
         training_state_variables(model, optimizer), storage.join(folder, rundir.OPTIMIZER_WEIGHTS)
     )
-    try:
-        state = json.loads(storage.read_text(state_path))
-    except ValueError as err:
-        raise TpulmError(f"{state_path} is not valid JSON ({err}); delete {folder} to resume from the one before") from None
-    if state.get("step") != step:
-        raise TpulmError(f"{state_path} says step {state.get('step')} but the folder says {step}")
+    state = storage.read_json(state_path)
     log.info("resuming from %s (step %d)", folder, step)
     return state
+
+
+def last_good(run_dir: str, before: int) -> tuple[str, float] | None:
+    """The checkpoint to go back to after a NaN/Inf loss at step ``before``, and its logged loss.
+
+    The newest complete checkpoint before that step whose train loss (the last ``metrics.jsonl``
+    train line at or before its step) was finite and not diverging: at most twice the lowest
+    loss logged up to it. Without metrics, the newest complete one.
+    """
+    from tpulm.metrics_log import read_metrics
+
+    path = storage.join(run_dir, rundir.METRICS_NAME)
+    try:
+        train = [r for r in read_metrics(path) if r["split"] == "train"] if storage.exists(path) else []
+    except TpulmError:
+        train = []
+    for step, folder in reversed(rundir.list_checkpoints(run_dir)):
+        if step >= before or rundir.checkpoint_problem(folder, step):
+            continue
+        upto = [float(r["loss"]) for r in train if r["step"] <= step]
+        finite = [x for x in upto if math.isfinite(x)]
+        if not upto:
+            return folder, float("nan")
+        if math.isfinite(upto[-1]) and upto[-1] <= 2 * min(finite):
+            return folder, upto[-1]
+    return None

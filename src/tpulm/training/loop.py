@@ -11,13 +11,14 @@ import numpy as np
 from tpulm import rundir, storage
 from tpulm.config import as_table
 from tpulm.data import tokenizer
-from tpulm.errors import TpulmError
+from tpulm.errors import Interrupted, TpulmError
 from tpulm.metrics_log import MetricsLog
 from tpulm.training import (
     checkpoint,
     flops,
     inputs,
     objective,
+    preemption,
     preflight,
     schedule,
     strategies,
@@ -71,6 +72,8 @@ class Trainer:
         placement = strategies.Placement(
             cfg.tpu, cfg.tpu_zone, cfg.gcp_project, mesh=cfg.mesh, model=self.model_cfg)
         self.strategy, self.strategy_name = strategies.make_strategy(placement)
+        self.writer = strategies.is_chief(self.strategy)  # only it writes the run dir's files
+        self.preemption = preemption.Preemption()
         self.global_batch = cfg.batch_size * self.strategy.num_replicas_in_sync
         self.accumulation = cfg.gradient_accumulation
         self.total_steps = self._total_steps()
@@ -143,7 +146,7 @@ class Trainer:
             if self.cfg.precision == "mixed_float16":
                 optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
             optimizer.build(model.trainable_variables)
-            state = checkpoint.restore(self.cfg.run_dir, model, optimizer) or {"step": 0}
+            state = checkpoint.restore(self.cfg.run_dir, model, optimizer, self.writer) or {"step": 0}
         return model, optimizer, lr, state
 
     def _compile(self, model, optimizer, calls) -> None:
@@ -192,11 +195,12 @@ class Trainer:
         model, optimizer, lr, state = self._build()
         self.model, self.optimizer, self.lr = model, optimizer, lr
         start = int(state["step"])
-        preflight.prepare_run_dir(
-            self.cfg.run_dir, self.tokenizer_dir,
-            {"model": as_table(self.model_cfg), "train": as_table(self.cfg)},
-        )
-        self.log = MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)))
+        if self.writer:
+            preflight.prepare_run_dir(
+                self.cfg.run_dir, self.tokenizer_dir,
+                {"model": as_table(self.model_cfg), "train": as_table(self.cfg)},
+            )
+        self.log = MetricsLog(self.cfg.run_dir, start, float(state.get("time", 0.0)), self.writer)
         self.last_eval, self.overhead, self.last_checkpoint, self.marks = None, 0.0, None, []
         self.eval_ds = None  # made by the first fit call, or on demand by a final-only evaluation
         self._say_where_it_stands(start, state.get("total_steps"))
@@ -212,13 +216,18 @@ class Trainer:
                                    progress=progress_verbosity(self.cfg.progress))
         fit_started = time.monotonic()
         try:
-            self._run_calls(calls)
+            with self.preemption:
+                self._run_calls(calls)
+            self._stop_if_preempted()
+        except strategies.data_loss_error() as err:  # a corrupt or truncated shard
+            raise self._corrupt_data(err) from None
         except NonFiniteLoss as err:
-            latest = rundir.latest_checkpoint(self.cfg.run_dir)
+            good = checkpoint.last_good(self.cfg.run_dir, err.step)
+            named = f"{good[0]} (loss {good[1]:.4g})" if good else "none"
             raise TpulmError(
                 f"the training loss became NaN/Inf at step {err.step}; last good checkpoint: "
-                f"{latest[1] if latest else 'none'}. Lower --learning-rate (or raise --warmup) "
-                "and rerun to resume from it"
+                f"{named}. Lower --learning-rate (or raise --warmup), delete the checkpoints "
+                "after it, and rerun to resume from it"
             ) from None
         if start >= self.total_steps:  # nothing left to train: report the final state
             self._segment_end(start, {}, final_only=True)
@@ -247,13 +256,18 @@ class Trainer:
                 initial_epoch=initial,
                 epochs=initial + epochs,
                 steps_per_epoch=steps * a,
-                callbacks=[self.monitor, SegmentEnd(self._segment_end)],
+                callbacks=[self.monitor, SegmentEnd(self._segment_end),
+                           self.preemption.callback(a)],
                 verbose=0,  # StepMonitor shows one progress line over the whole run
                 shuffle=False,  # the dataset is shuffled, deterministically
             )
+            if self.preemption.signum is not None:
+                return
 
     def _segment_end(self, step: int, logs: dict, final_only: bool = False) -> None:
         """Log, evaluate and checkpoint when due (always at the last step)."""
+        if self.preemption.signum is not None and step % self.segment:
+            return  # stopped inside a segment: no partial-segment line; _stop_if_preempted saves
         t0 = time.monotonic()
         self.marks.append((t0 - self.overhead, step))  # training clock, without evals and saves
         cfg, tokens = self.cfg, step * self.tokens_per_step
@@ -271,6 +285,28 @@ class Trainer:
         if not final_only and (last or step % cfg.checkpoint_every == 0):
             self._save(step, tokens)
         self.overhead += time.monotonic() - t0
+
+    def _corrupt_data(self, err) -> TpulmError:
+        """The error to raise when reading the shards failed: which file, and what to run."""
+        files = [*self.train_set.files, *(self.eval_set.files if self.eval_set else ())]
+        found = inputs.find_corrupt_shard(files)
+        where = f"{found[0]} is corrupt or truncated ({found[1]})" if found else (
+            f"a shard could not be read ({err.message.splitlines()[0]})")
+        return TpulmError(f"{where}; check the folder with `tpulm data inspect`, then prepare "
+                          "the data again (or remove that file) and rerun to resume")
+
+    def _stop_if_preempted(self) -> None:
+        """After a SIGTERM / SIGINT: checkpoint the step reached and raise ``Interrupted``."""
+        from tpulm.training.callbacks import optimizer_step
+
+        step = optimizer_step(self.model)
+        if self.preemption.signum is None or step >= self.total_steps:
+            return  # no signal, or it came after the last step: the run is complete
+        self._save(step, step * self.tokens_per_step)
+        log.warning("stopped by %s after step %d; checkpoint %s", self.preemption.signal_name,
+                    step, self.last_checkpoint)
+        raise Interrupted(self.preemption.signal_name, self.preemption.exit_code, step,
+                          self.last_checkpoint)
 
     def _evaluate(self, step: int, tokens: int) -> dict[str, float]:
         if self.eval_ds is None:
@@ -296,6 +332,8 @@ class Trainer:
             "seed": self.cfg.seed,
             "total_steps": self.total_steps,
         }
+        if not self.writer:
+            return  # the chief writes the checkpoints
         self.last_checkpoint = checkpoint.save(
             self.cfg.run_dir, self.model, self.optimizer, state, self.cfg.keep_checkpoints
         )

@@ -139,6 +139,43 @@ def make_strategy(placement: Placement) -> tuple[object, str]:
     raise AssertionError("the single-device entry always applies")
 
 
+def is_chief_task(task_type: str | None, task_id: int | None, cluster: dict | None) -> bool:
+    """Whether a TensorFlow cluster task is the chief: the ``chief`` task, else worker 0 of a
+    cluster without one, else (no cluster at all) the only process (as ``multi_worker_util``)."""
+    if not cluster or task_type is None:
+        return True
+    if task_type == "chief":
+        return True
+    return task_type == "worker" and int(task_id or 0) == 0 and "chief" not in cluster
+
+
+def is_chief(strategy) -> bool:
+    """Whether this process writes the run dir's shared files (checkpoints, metrics.jsonl,
+    config.toml, TensorBoard, the lock): JAX process 0, or the TensorFlow chief.
+
+    A TPUStrategy has one client process (the chief); MultiWorkerMirroredStrategy asks its
+    cluster resolver (TF_CONFIG); every other strategy runs in one process.
+    """
+    import keras
+
+    if keras.backend.backend() == "jax":
+        import jax
+
+        return jax.process_index() == 0
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or type(strategy).__name__.startswith("TPUStrategy"):
+        return True
+    spec = resolver.cluster_spec().as_dict() if resolver.cluster_spec() else {}
+    return is_chief_task(resolver.task_type, resolver.task_id, spec)
+
+
+def data_loss_error() -> type:
+    """TensorFlow's error for unreadable TFRecord data (tf.data reads the shards on every backend)."""
+    import tensorflow as tf
+
+    return tf.errors.DataLossError
+
+
 JIT_MODES = ("auto", "true", "false")
 
 
