@@ -29,8 +29,9 @@ TINY = {
     ("export",): [],
 }
 PLACEHOLDERS = {"RUN_DIR": "runs/tiny", "OUT_DIR": "runs/tiny-out"}
-# Examples that need what a CPU test box lacks: a TPU, several devices, the Hub, a bf16 unit.
-NOT_HERE = ("--tpu", "--mesh", "--push-to-hub", "mixed_bfloat16", "path/to/", "|")
+# Examples that need what a CPU test box lacks: a TPU, several devices, the Hub, a bf16 unit,
+# a Dataflow project.
+NOT_HERE = ("--tpu", "--mesh", "--push-to-hub", "mixed_bfloat16", "path/to/", "|", "--runner")
 NOISE = ("E0000", "I0000", "cuInit", "oneDNN custom operations", "oneDNN supports DT_INT64",
          "Unable to initialize backend", "absl::InitializeLog")
 
