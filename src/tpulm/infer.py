@@ -80,8 +80,19 @@ def _locate(path: str, step: int | None) -> tuple[str, str, str]:
         "Transformers folder (config.json)")
 
 
-def load_predictor(path: str, step: int | None = None) -> Predictor:
-    """Load a model for fill-mask from a run dir, a checkpoint folder or an export folder.
+@dataclass
+class LoadedModel:
+    """A model read from a run dir, checkpoint or export folder (see :func:`load_model`)."""
+
+    kind: str  # "run", "checkpoint" or "export"
+    model: Any  # keras.Model from tpulm.model.build_model, float32
+    config: Any  # tpulm.model.ModelConfig
+    tokenizer_dir: str
+    run_dir: str | None  # the run dir of a run or checkpoint; None for an export folder
+
+
+def load_model(path: str, step: int | None = None) -> LoadedModel:
+    """Build the model of a run dir, a checkpoint folder or an export folder, with its weights.
 
     Args:
         path: the folder (local or remote).
@@ -91,19 +102,32 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
     from tpulm.model import build_model, run_model_config
 
     kind, weights_path, tok_dir = _locate(path, step)
+    run_dir = {"run": path, "checkpoint": _parent(_parent(path))}.get(kind)
     if kind == "export":
         config_path = storage.join(path, hf.CONFIG_FILE)
         cfg = hf.model_config_from_hf(json.loads(storage.read_text(config_path)), config_path)
         arrays = hf.hf_to_keras(hf.read_hf_weights(path), cfg, path)
     else:
-        cfg = run_model_config(path if kind == "run" else _parent(_parent(path)))
+        cfg = run_model_config(run_dir)
         arrays = weights.read(weights_path)
     model = build_model(cfg, dtype="float32")
     weights.assign(model.weights, arrays, weights_path)
+    return LoadedModel(kind, model, cfg, tok_dir, run_dir)
+
+
+def load_predictor(path: str, step: int | None = None) -> Predictor:
+    """Load a model for fill-mask from a run dir, a checkpoint folder or an export folder.
+
+    Args:
+        path: the folder (local or remote).
+        step: checkpoint step when ``path`` is a run dir; None for the latest.
+    """
+    loaded = load_model(path, step)
+    tok_dir = loaded.tokenizer_dir
     special = special_tokens(tok_dir)
     tok_config = json.loads(storage.read_text(storage.join(tok_dir, TOKENIZER_CONFIG_FILE)))
-    return Predictor(model=model, tokenizer=load_tokenizer(tok_dir), mask_id=special.mask_id,
-                     pad_id=special.pad_id, max_length=cfg.max_positions,
+    return Predictor(model=loaded.model, tokenizer=load_tokenizer(tok_dir), mask_id=special.mask_id,
+                     pad_id=special.pad_id, max_length=loaded.config.max_positions,
                      clean_up_spaces=bool(tok_config.get("clean_up_tokenization_spaces", False)))
 
 

@@ -342,13 +342,17 @@ class RobertaMaskedLM(keras.Model):
         self.lm_head.build((None, None, self.cfg.hidden_size))
         self.built = True
 
-    def call(self, inputs, training=None):
-        input_ids = inputs["input_ids"]
+    def encode(self, inputs, training=None):
+        """The encoder's last hidden states, (batch, seq, hidden), without the LM head."""
         # (batch, 1, 1, seq) bool: every query attends to the real (non-padding) keys only.
         mask = ops.not_equal(inputs["attention_mask"], 0)[:, None, None, :]
-        x = self.embeddings(input_ids, training=training)  # (batch, seq, hidden)
+        x = self.embeddings(inputs["input_ids"], training=training)  # (batch, seq, hidden)
         for block in self.blocks:
             x = block(x, mask, training=training)
+        return x
+
+    def call(self, inputs, training=None):
+        x = self.encode(inputs, training=training)
         positions = inputs.get("masked_positions")
         if positions is not None:
             # Gather before the head: it runs on (batch, P, hidden) instead of (batch, seq, hidden).
