@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tpulm import democorpus
 from tpulm.errors import TpulmError
 from tpulm.evaluate import finetune, metrics, tasks
 from tpulm.evaluate.run import EvaluateConfig, format_table, run
@@ -71,12 +71,13 @@ def test_correlations_match_scipy_with_ties(seed):
 @pytest.fixture(scope="module")
 def corpus_rows():
     """Rows of real text: a line of the built-in corpus, the next line, and labels of each kind."""
-    lines = [line for line in democorpus.demo_lines() if len(line.split()) < 30][:240]
+    lines = [line for line in tasks.corpus_lines()["train"] if len(line.split()) < 30][:2400]
     rows = []
     for i, (first, second) in enumerate(zip(lines[::2], lines[1::2])):
         words = len(first.split())
         rows.append({"sentence": first, "next": second, "size": "long" if words > 12 else "short",
-                     "parity": i % 3, "score": words / 10 + 0.05})
+                     "parity": i % 3, "score": words / 10 + 0.05,
+                     "the": int(bool(re.search(r"\bthe\b", first.lower())))})
     return rows
 
 
@@ -131,7 +132,7 @@ def test_int_labels_are_classes_and_float_labels_regression(corpus_rows, tmp_pat
 
 def test_missing_field_names_the_file_and_its_fields(corpus_rows, tmp_path):
     with pytest.raises(TpulmError, match=r"train\.csv has no field 'label'; its fields: sentence, "
-                                         r"next, size, parity, score"):
+                                         r"next, size, parity, score, the"):
         _file_task(corpus_rows, tmp_path, ".csv", text_field="sentence")
 
 
@@ -169,21 +170,133 @@ def test_builtin_task_is_balanced_deterministic_and_corrupts_words():
 # Fine-tuning a pretrained tiny model
 
 
-def _pretrain(work: Path) -> Path:
-    """A tiny RoBERTa briefly pretrained on the built-in corpus with `tpulm run`: its run dir."""
-    overrides = [
-        "tokenizer.vocab_size=1000", "model.hidden_size=64", "model.intermediate_size=256",
-        "model.num_heads=2", "train.batch_size=32", "train.learning_rate=3e-3",
-        f"train.max_steps={PRETRAIN_STEPS}", f"train.eval_every={PRETRAIN_STEPS}",
-        f"train.checkpoint_every={PRETRAIN_STEPS}", "train.progress=false", "run.report=false",
-    ]
-    argv = [sys.executable, "-m", "tpulm", "run", "--work-dir", str(work)]
-    for assignment in overrides:
-        argv += ["--set", assignment]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(SRC), "RUN_FILL_MASK": "0"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return work / "run"
+PARITY = dict(epochs=3, learning_rate=1e-3, batch_size=32, max_length=32)
 
 
-PRETRAIN_STEPS = 1500
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": str(SRC), **extra}
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    """(run dir, export folder) of a tiny model with random weights and a corpus tokenizer."""
+    from test_model_support import make_run_dir, train_reference_tokenizer
+
+    from tpulm import hf
+    from tpulm.model import load_model_preset
+
+    lines = list(tasks.corpus_lines()["train"][:3000])
+    tok = train_reference_tokenizer(lines, tmp_path_factory.mktemp("tok"), vocab_size=800)
+    run_dir = tmp_path_factory.mktemp("runs") / "run"
+    make_run_dir(run_dir, tok, load_model_preset("tiny"), steps=(4,))
+    export = run_dir / "export"
+    hf.write_export(str(run_dir), str(export))
+    return run_dir, export
+
+
+@pytest.fixture(scope="module")
+def parity_files(corpus_rows, tmp_path_factory):
+    """A learnable two-class file task (does the line say "the"?): 1000 train / 200 validation."""
+    folder = tmp_path_factory.mktemp("parity")
+    return _write(corpus_rows[:1000], folder / "train.csv"), _write(corpus_rows[1000:], folder / "valid.csv")
+
+
+@pytest.fixture(scope="module")
+def jax_run(model_dirs, parity_files, tmp_path_factory):
+    """`tpulm evaluate` on the JAX backend, started early: it overlaps the TensorFlow tests."""
+    out = tmp_path_factory.mktemp("jax") / "results.json"
+    argv = [sys.executable, "-m", "tpulm", "evaluate", str(model_dirs[0]), "--train-file",
+            parity_files[0], "--validation-file", parity_files[1], "--text-field", "sentence",
+            "--label-field", "the", "--output", str(out), "--json", *_flags(PARITY)]
+    proc = subprocess.Popen(argv, env=_env(KERAS_BACKEND="jax"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    yield proc, out
+    if proc.poll() is None:
+        proc.kill()
+
+
+def _flags(settings: dict) -> list[str]:
+    return [arg for k, v in settings.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def test_finetuning_learns_and_jax_scores_like_tensorflow(model_dirs, parity_files, jax_run,
+                                                          corpus_rows):
+    from tpulm import report
+
+    result = run(EvaluateConfig(
+        model=str(model_dirs[0]), train_file=parity_files[0], validation_file=parity_files[1],
+        text_field="sentence", label_field="the", **PARITY))
+    entry = result.tasks["file:train.csv"]
+    tf_score = entry["pretrained"]["summary"]["mean"]
+    share = np.mean([r["the"] for r in corpus_rows[1000:]])
+    majority = max(share, 1 - share)
+    assert tf_score > majority + 0.1, (tf_score, majority)
+    # Results land in RUN_DIR/eval/results.json, with every epoch and the best one.
+    assert result.path == str(model_dirs[0] / "eval" / "results.json")
+    written = json.loads(Path(result.path).read_text())["tasks"]["file:train.csv"]
+    run0 = written["pretrained"]["runs"][0]
+    assert len(run0["epochs"]) == PARITY["epochs"] and written["backend"] == "tensorflow"
+    assert run0["best"]["accuracy"] == max(e["accuracy"] for e in run0["epochs"])
+    assert run0["best_epoch"] == 1 + [e["accuracy"] for e in run0["epochs"]].index(
+        run0["best"]["accuracy"])
+    assert written["settings"]["learning_rate"] == PARITY["learning_rate"]
+    assert "file:train.csv  accuracy  1" in report.evaluation_table(str(model_dirs[0]))
+
+    proc, out = jax_run
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    printed = json.loads(stdout)["file:train.csv"]
+    assert printed["backend"] == "jax" and json.loads(out.read_text())["tasks"]["file:train.csv"] == printed
+    # Same data order and settings; initialisation and dropout draws differ between backends.
+    assert abs(printed["pretrained"]["summary"]["mean"] - tf_score) < 0.06, (printed, tf_score)
+
+
+def test_pairs_use_the_tokenizer_pair_template(model_dirs, corpus_rows, tmp_path):
+    from tpulm import tokenizer
+
+    tok_dir = str(model_dirs[0] / "tokenizer")
+    tok = tokenizer.load_tokenizer(tok_dir)
+    special = tokenizer.special_tokens(tok_dir)
+    task = _file_task(corpus_rows, tmp_path, ".csv", text_field="sentence",
+                      text_pair_field="next", label_field="size")
+    encoded = finetune.encode(tok, task, 24, special.pad_id)
+    assert encoded.width == 24  # the longest pair is longer: truncated to max_length
+    rows = [i for i, r in enumerate(encoded.train["attention_mask"]) if r.all()]
+    ids = encoded.train["input_ids"][rows[0]].tolist()
+    first, second = (tok.encode(t, add_special_tokens=False).ids for t in
+                     (task.train.texts[rows[0]], task.train.pairs[rows[0]]))
+    assert ids[0] == special.cls_id and ids.count(special.sep_id) == 2 and ids[-1] == special.sep_id
+    middle = ids.index(special.sep_id)
+    assert ids[1:middle] == first[: middle - 1] and ids[middle + 1 : -1] == second[: 22 - middle]
+    short = [i for i, r in enumerate(encoded.train["attention_mask"]) if not r.all()]
+    for i in short[:5]:  # padded rows: the full pair, then padding
+        a, b = task.train.texts[i], task.train.pairs[i]
+        full = tok.encode(a, b).ids
+        assert encoded.train["input_ids"][i, : len(full)].tolist() == full
+        assert (encoded.train["input_ids"][i, len(full) :] == special.pad_id).all()
+
+
+def test_cli_regression_file_task_on_an_export_folder(model_dirs, corpus_rows, tmp_path):
+    train = _write(corpus_rows[:200], tmp_path / "train.jsonl")
+    valid = _write(corpus_rows[200:260], tmp_path / "valid.jsonl")
+    export = model_dirs[1]
+    argv = [sys.executable, "-m", "tpulm", "evaluate", str(export), "--train-file", train,
+            "--validation-file", valid, "--text-field", "sentence", "--label-field", "score",
+            "--epochs", "1", "--seeds", "2", "--max-length", "32"]
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "file:train.jsonl  pearson" in done.stdout and "wrote " in done.stdout
+    entry = json.loads((export / "eval" / "results.json").read_text())["tasks"]["file:train.jsonl"]
+    assert entry["kind"] == "regression" and entry["model_kind"] == "export"
+    assert [r["seed"] for r in entry["pretrained"]["runs"]] == [0, 1]
+    summary = entry["pretrained"]["summary"]
+    assert summary["min"] <= summary["mean"] <= summary["max"] and summary["n"] == 2
+
+
+def test_cli_errors_are_one_line(model_dirs):
+    done = subprocess.run([sys.executable, "-m", "tpulm", "evaluate", str(model_dirs[0]),
+                           "--task", "glue:mnli"], env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "tpulm: error: task glue:mnli needs the network")

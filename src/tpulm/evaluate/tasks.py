@@ -250,7 +250,7 @@ def _read_table(path: str):
 
     readers = {
         ".csv": lambda f: pd.read_csv(f, keep_default_na=False),
-        ".tsv": lambda f: pd.read_csv(f, sep="\t", quoting=3, keep_default_na=False),
+        ".tsv": lambda f: pd.read_csv(f, sep="\t", keep_default_na=False),
         ".jsonl": lambda f: pd.read_json(f, lines=True),
         ".json": lambda f: pd.read_json(f, lines=True),
         ".parquet": pd.read_parquet,
