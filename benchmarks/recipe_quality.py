@@ -19,7 +19,7 @@ budget does. Checkpoints are taken along the way; afterwards every checkpoint is
 so the curves are comparable. The table gives eval loss over time and the time each arm needed
 to reach the ``roberta-best`` arm's final loss (target: modern recipe <= 0.5x). With
 ``--evaluate-seeds N`` each arm's final checkpoint is also fine-tuned on the built-in downstream
-task (``tpulm evaluate builtin:...``), mean over N seeds.
+task (``tpulm evaluate --task builtin:replaced-words``), mean over N seeds.
 
 The machine's load average is printed before and after each arm: figures taken while the machine
 is busy with other work are not comparable.
@@ -41,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 SEQ, BATCH, VOCAB, EVAL_SEED = 128, 32, 8192, 1234
+BUILTIN_TASK = "builtin:replaced-words"
 SIZES = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "max_position_embeddings": 512}
 ROBERTA_FFN = 1024
 MODERNBERT_FFN = 684  # GeGLU: 3 x H x I matmul weights = RoBERTa's 2 x H x 1024 (I ~ 683)
@@ -171,12 +172,13 @@ def time_to_reach(curve: list[tuple[float, int, float]], target: float) -> float
 
 
 def downstream(run_dir: Path, seeds: int) -> str:
-    """Mean score of ``tpulm evaluate`` on the built-in task (``--evaluate-seeds``)."""
-    from tpulm.evaluate import EvaluateConfig, run
+    """``tpulm evaluate`` on the built-in task (``--evaluate-seeds``): mean ± std over seeds."""
+    from tpulm.evaluate.run import EvaluateConfig, run
 
-    result = run(EvaluateConfig(model=str(run_dir), tasks=("builtin",), seeds=seeds, progress=False))
-    task = result.tasks[0]
-    return f"{task.metric} {task.mean:.4f} ± {task.spread:.4f}"
+    result = run(EvaluateConfig(model=str(run_dir), tasks=(BUILTIN_TASK,), seeds=seeds))
+    entry = result.tasks[BUILTIN_TASK]
+    summary = entry["pretrained"]["summary"]
+    return f"{entry['main_metric']} {summary['mean']:.4f} ± {summary['std']:.4f}"
 
 
 def main() -> None:

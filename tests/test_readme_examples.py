@@ -27,11 +27,13 @@ TINY = {
                  "--checkpoint-every", "2", "--log-every", "2", "--shuffle-buffer", "64",
                  "--epochs", "1"],
     ("export",): [],
+    ("evaluate",): ["--seeds", "1", "--epochs", "1", "--max-length", "32"],
 }
 PLACEHOLDERS = {"RUN_DIR": "runs/tiny", "OUT_DIR": "runs/tiny-out"}
 # Examples that need what a CPU test box lacks: a TPU, several devices, the Hub, a bf16 unit,
-# a Dataflow project.
-NOT_HERE = ("--tpu", "--mesh", "--push-to-hub", "mixed_bfloat16", "path/to/", "|", "--runner")
+# a Dataflow project, GLUE downloads, the user's own task files.
+NOT_HERE = ("--tpu", "--mesh", "--push-to-hub", "mixed_bfloat16", "path/to/", "|", "--runner",
+            "glue:", "train.csv")
 NOISE = ("E0000", "I0000", "cuInit", "oneDNN custom operations", "oneDNN supports DT_INT64",
          "Unable to initialize backend", "absl::InitializeLog")
 

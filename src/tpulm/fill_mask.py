@@ -8,16 +8,14 @@ per mask (each filled on its own, the other masks left in ``sequence``, as the p
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from tpulm import config, rundir, storage
+from tpulm import config, trained_model
 from tpulm.data.tokenizer import open_folder
 from tpulm.errors import TpulmError
-from tpulm.model import weights
 
 BATCH_SIZE = 32
 # Transformers' ``clean_up_tokenization`` (applied when tokenizer_config.json asks for it).
@@ -55,31 +53,6 @@ class Predictor:
         return self.tokenizer.id_to_token(self.mask_id)
 
 
-def _parent(path: str) -> str:
-    path = path.rstrip("/")
-    return path.rsplit("/", 1)[0] if storage.is_remote(path) else os.path.dirname(path)
-
-
-def _locate(path: str, step: int | None) -> tuple[str, str, str]:
-    """``(kind, weights file, tokenizer dir)`` for a run dir, checkpoint or export folder."""
-    if storage.exists(storage.join(path, rundir.CONFIG_NAME)):
-        from tpulm.rundir import run_checkpoint
-
-        return "run", run_checkpoint(path, step)[1], storage.join(path, rundir.TOKENIZER_DIR)
-    run_dir = _parent(_parent(path))
-    if storage.exists(storage.join(path, rundir.MODEL_WEIGHTS)) and storage.exists(
-            storage.join(run_dir, rundir.CONFIG_NAME)):
-        return ("checkpoint", storage.join(path, rundir.MODEL_WEIGHTS),
-                storage.join(run_dir, rundir.TOKENIZER_DIR))
-    from tpulm.hf import folder
-
-    if storage.exists(storage.join(path, folder.CONFIG_FILE)):
-        return "export", storage.join(path, folder.WEIGHTS_FILE), path
-    raise TpulmError(
-        f"{path} is neither a run dir (config.toml), a checkpoint folder of one, nor an exported "
-        "Transformers folder (config.json)")
-
-
 def load_predictor(path: str, step: int | None = None) -> Predictor:
     """Load a model for fill-mask from a run dir, a checkpoint folder or an export folder.
 
@@ -87,22 +60,10 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
         path: the folder (local or remote).
         step: checkpoint step when ``path`` is a run dir; None for the latest.
     """
-    from tpulm.hf import convert, folder
-    from tpulm.model.config import run_model_config
-    from tpulm.model.networks import build_model
-
-    kind, weights_path, tok_dir = _locate(path, step)
-    if kind == "export":
-        cfg = convert.model_config_from_hf(*folder.read_config(path))
-        arrays = convert.hf_to_keras(folder.read_hf_weights(path), cfg, path)
-    else:
-        cfg = run_model_config(path if kind == "run" else _parent(_parent(path)))
-        arrays = weights.read(weights_path)
-    model = build_model(cfg, dtype="float32")
-    weights.assign(model.weights, arrays, weights_path)
-    tok = open_folder(tok_dir)
-    return Predictor(model=model, tokenizer=tok.tokenizer, mask_id=tok.special.mask_id,
-                     pad_id=tok.special.pad_id, max_length=cfg.max_positions,
+    loaded = trained_model.load(path, step)
+    tok = open_folder(loaded.tokenizer_dir)
+    return Predictor(model=loaded.model, tokenizer=tok.tokenizer, mask_id=tok.special.mask_id,
+                     pad_id=tok.special.pad_id, max_length=loaded.config.max_positions,
                      clean_up_spaces=bool(tok.settings.get("clean_up_tokenization_spaces", False)))
 
 

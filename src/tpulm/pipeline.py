@@ -294,6 +294,13 @@ def _log_result(result):
     return result
 
 
+def _log_evaluation(result):
+    from tpulm.evaluate.run import format_table
+
+    print(format_table(result.tasks), flush=True)
+    return result
+
+
 def check_model(preset: str, model_table: Mapping[str, Any], tok_cfg, where: str) -> None:
     """Validate the ``[model]`` table now (unknown keys, types, sizes), before any stage runs;
     vocab size and pad id, which come from the trained tokenizer, are stood in for."""
@@ -325,6 +332,7 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
             f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(config.TABLES)}")
     from tpulm import report, training
     from tpulm.data import builtin_corpus, prepare, tokenizer
+    from tpulm.evaluate import run as evaluate
     from tpulm.hf import export
 
     run = config.from_mapping(RunConfig, tables.get("run", {}), f"[run] of {where}")
@@ -340,6 +348,9 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
         train_data=storage.join(layout.data, "train"),
         eval_data=storage.join(layout.data, "validation"),
         tokenizer=layout.tokenizer, run_dir=layout.run)
+    eval_cfg = config.resolve(
+        evaluate.EvaluateConfig, None, tables.get("evaluate", {}), f"[evaluate] of {where}",
+        model=layout.run, backend=train_cfg.backend)
     model_table = dict(tables.get("model", {}))
     check_model(train_cfg.model, model_table, tok_cfg, where)
     builtin = run.corpus == "builtin"
@@ -357,8 +368,13 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
         Stage("export", lambda: export.write_export(layout.run, layout.export, overwrite=True),
               {}, (layout.export,), ("train",)),
     ]
+    if eval_cfg.tasks or eval_cfg.train_file:  # downstream scores, shown by the report
+        stages.append(Stage("evaluate", lambda: _log_evaluation(evaluate.run(eval_cfg)),
+                            config.as_table(eval_cfg), (storage.join(layout.run, "eval"),),
+                            ("export",)))
     if run.report:
-        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), ("train",)))
+        upstream = ("train", "evaluate") if stages[-1].name == "evaluate" else ("train",)
+        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream))
     prompts = run.fill_mask or (
         tuple(prompt for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS) if builtin else ())
     return Plan(run, layout, stages, prompts)

@@ -233,8 +233,10 @@ pre { background: #f6f6f6; padding: 1em; overflow-x: auto; }
 """
 
 
-def render_html(title: str, png: bytes, figures: Figures, config_text: str | None) -> str:
-    """A page that needs no other file: the picture inline, the final figures, the config."""
+def render_html(title: str, png: bytes, figures: Figures, config_text: str | None,
+                evaluation: str | None = None) -> str:
+    """A page that needs no other file: the picture inline, the final figures, the config, and
+    the downstream evaluation table when there is one."""
     rows = "\n".join(
         f'<tr><th scope="row">{html.escape(label)}</th><td class="value" data-key="{key}" '
         f'data-value="{html.escape(json.dumps(value))}">{html.escape(shown)}</td></tr>'
@@ -252,6 +254,8 @@ def render_html(title: str, png: bytes, figures: Figures, config_text: str | Non
         f"<h1>{html.escape(title)}</h1>\n"
         f'<img alt="training curves" src="data:image/png;base64,{image}">\n'
         f"<h2>Final figures</h2>\n<table>\n{rows}\n</table>\n"
+        + (f"<h2>Downstream evaluation</h2>\n<pre>{html.escape(evaluation)}</pre>\n"
+           if evaluation else "") +
         "<p>Losses and accuracies are over masked tokens only. Mean tokens/s leaves out the "
         "first train log, whose interval includes compilation.</p>\n"
         f"<h2>Config ({rundir.CONFIG_NAME})</h2>\n{config}\n</body>\n</html>\n"
@@ -269,6 +273,7 @@ class Report:
     png: str
     html: str
     figures: Figures
+    evaluation: str | None = None  # the table of RUN_DIR/eval/results.json, if there is one
 
 
 def run(run_dir: str) -> Report:
@@ -292,11 +297,25 @@ def run(run_dir: str) -> Report:
     title = f"tpulm run {run_dir.rstrip('/')}"
     png = render_png(records, title, headline(figures))
     report = Report(
-        png=storage.join(run_dir, PNG_NAME), html=storage.join(run_dir, HTML_NAME), figures=figures
+        png=storage.join(run_dir, PNG_NAME), html=storage.join(run_dir, HTML_NAME), figures=figures,
+        evaluation=evaluation_table(run_dir),
     )
     storage.write_bytes(report.png, png)
-    storage.write_text(report.html, render_html(title, png, figures, config_text))
+    storage.write_text(report.html, render_html(title, png, figures, config_text, report.evaluation))
     return report
+
+
+def evaluation_table(run_dir: str) -> str | None:
+    """The table of ``tpulm evaluate``'s ``RUN_DIR/eval/results.json``, or None without one."""
+    from tpulm.evaluate import run as evaluate
+
+    path = storage.join(run_dir, evaluate.EVAL_DIR, evaluate.RESULTS_NAME)
+    if not storage.exists(path):
+        return None
+    try:
+        return evaluate.format_table(json.loads(storage.read_text(path))["tasks"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise TpulmError(f"{path} is not a results file of `tpulm evaluate`: {err}") from None
 
 
 def headline(figures: Figures) -> str:

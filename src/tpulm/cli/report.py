@@ -27,6 +27,8 @@ def _report(args: argparse.Namespace) -> int:
 
     result = report.run(args.run_dir)
     print(report.describe(result.figures))
+    if result.evaluation:
+        print(f"\ndownstream evaluation (eval/results.json):\n{result.evaluation}\n")
     print(f"wrote {result.png}")
     print(f"wrote {result.html}")
     return 0

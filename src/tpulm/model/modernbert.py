@@ -305,7 +305,9 @@ class ModernBertMaskedLM(keras.Model):
         return {kind: rope_tables(positions, head_dim, self.cfg.global_rope_theta if kind
                                   else self.cfg.local_rope_theta) for kind in kinds}
 
-    def call(self, inputs, training=None):
+    def encode(self, inputs, training=None):
+        """The encoder's last hidden states after the final norm, (batch, seq, hidden), as
+        Transformers' ``ModernBertModel`` gives them."""
         x = self.tok_embeddings(inputs["input_ids"])  # (batch, seq, hidden)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
         full, local = self._masks(inputs)
@@ -313,13 +315,17 @@ class ModernBertMaskedLM(keras.Model):
         for i, block in enumerate(self.blocks):
             kind = is_global(self.cfg, i)
             x = block(x, ropes[kind], full if kind else local, training=training)
+        return self.final_norm(x)
+
+    def call(self, inputs, training=None):
+        x = self.encode(inputs, training=training)
         positions = inputs.get("masked_positions")
         if positions is not None:
-            # Gather before the (per-token) final norm and head: (batch, P, hidden).
+            # Gather before the head: it runs on (batch, P, hidden) instead of (batch, seq, hidden).
             index = ops.cast(positions, "int32")[:, :, None]
             index = ops.broadcast_to(index, (*ops.shape(index)[:2], self.cfg.hidden_size))
             x = ops.take_along_axis(x, index, axis=1)
-        return self.head(self.final_norm(x))
+        return self.head(x)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}

@@ -294,8 +294,8 @@ class RobertaMaskedLM(keras.Model):
         self.lm_head.build((None, None, self.cfg.hidden_size))
         self.built = True
 
-    def call(self, inputs, training=None):
-        input_ids = inputs["input_ids"]
+    def encode(self, inputs, training=None):
+        """The encoder's last hidden states, (batch, seq, hidden), without the LM head."""
         segments = inputs.get("segment_ids")
         if segments is None:
             # (batch, 1, 1, seq) bool: every query attends to the real (non-padding) keys only.
@@ -304,9 +304,13 @@ class RobertaMaskedLM(keras.Model):
             # (batch, 1, seq, seq) bool, block-diagonal: a token attends to its own document only
             # (padding, segment 0, attends to padding: finite softmax, outputs unused).
             mask = ops.equal(segments[:, None, :, None], segments[:, None, None, :])
-        x = self.embeddings(input_ids, inputs.get("position_ids"), training=training)
+        x = self.embeddings(inputs["input_ids"], inputs.get("position_ids"), training=training)
         for block in self.blocks:
             x = block(x, mask, training=training)
+        return x
+
+    def call(self, inputs, training=None):
+        x = self.encode(inputs, training=training)
         positions = inputs.get("masked_positions")
         if positions is not None:
             # Gather before the head: it runs on (batch, P, hidden) instead of (batch, seq, hidden).

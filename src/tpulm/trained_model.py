@@ -1,0 +1,73 @@
+"""Load a trained model from a run dir, one of its checkpoint folders, or an export folder.
+
+Fill-mask and downstream evaluation take any of the three: a run dir (its latest checkpoint, or
+``step``), ``RUN_DIR/checkpoints/ckpt-<step>`` or a Transformers folder written by ``tpulm export``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from tpulm import rundir, storage
+from tpulm.errors import TpulmError
+from tpulm.hf import convert, folder
+from tpulm.model import weights
+from tpulm.model.config import run_model_config
+
+
+def _parent(path: str) -> str:
+    path = path.rstrip("/")
+    return path.rsplit("/", 1)[0] if storage.is_remote(path) else os.path.dirname(path)
+
+
+def _locate(path: str, step: int | None) -> tuple[str, str, str]:
+    """``(kind, weights file, tokenizer dir)`` for a run dir, checkpoint or export folder."""
+    if storage.exists(storage.join(path, rundir.CONFIG_NAME)):
+        return "run", rundir.run_checkpoint(path, step)[1], storage.join(path, rundir.TOKENIZER_DIR)
+    run_dir = _parent(_parent(path))
+    if storage.exists(storage.join(path, rundir.MODEL_WEIGHTS)) and storage.exists(
+            storage.join(run_dir, rundir.CONFIG_NAME)):
+        return ("checkpoint", storage.join(path, rundir.MODEL_WEIGHTS),
+                storage.join(run_dir, rundir.TOKENIZER_DIR))
+    if storage.exists(storage.join(path, folder.CONFIG_FILE)):
+        return "export", storage.join(path, folder.WEIGHTS_FILE), path
+    raise TpulmError(
+        f"{path} is neither a run dir (config.toml), a checkpoint folder of one, nor an exported "
+        "Transformers folder (config.json)")
+
+
+@dataclass
+class LoadedModel:
+    """A model read from a run dir, checkpoint or export folder (see :func:`load`)."""
+
+    kind: str  # "run", "checkpoint" or "export"
+    model: Any  # keras.Model from tpulm.model.build_model, float32
+    config: Any  # tpulm.model.ModelConfig
+    tokenizer_dir: str
+    run_dir: str | None  # the run dir of a run or checkpoint; None for an export folder
+
+
+def load(path: str, step: int | None = None) -> LoadedModel:
+    """Build the model of a run dir, a checkpoint folder or an export folder, with its weights.
+
+    Args:
+        path: the folder (local or remote).
+        step: checkpoint step when ``path`` is a run dir; None for the latest.
+    """
+    from tpulm.model.networks import (
+        build_model,  # imports Keras: only when a model is built
+    )
+
+    kind, weights_path, tok_dir = _locate(path, step)
+    run_dir = {"run": path, "checkpoint": _parent(_parent(path))}.get(kind)
+    if kind == "export":
+        cfg = convert.model_config_from_hf(*folder.read_config(path))
+        arrays = convert.hf_to_keras(folder.read_hf_weights(path), cfg, path)
+    else:
+        cfg = run_model_config(run_dir)
+        arrays = weights.read(weights_path)
+    model = build_model(cfg, dtype="float32")
+    weights.assign(model.weights, arrays, weights_path)
+    return LoadedModel(kind, model, cfg, tok_dir, run_dir)
