@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=20, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--jit-compile", default="auto", help="tpulm's --jit-compile")
+    parser.add_argument("--skip-torch", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
@@ -113,9 +115,9 @@ def main() -> None:
         ours, theirs = [], []
         for r in range(args.rounds):
             run = bench.tpulm_run(data, root / f"run{r}", args.steps, args.warmup, overrides=MODEL,
-                                  model="tiny", mlm_probability=MLM)
+                                  model="tiny", mlm_probability=MLM, jit_compile=args.jit_compile)
             ours.append(run["tokens_per_second"])
-            theirs.append(torch_round(model, batches, args.warmup))
+            theirs.append(1.0 if args.skip_torch else torch_round(model, batches, args.warmup))
             print(f"round {r}: tpulm {ours[-1]:,.0f} tokens/s, PyTorch {theirs[-1]:,.0f} tokens/s "
                   f"(load {os.getloadavg()[0]:.2f})", flush=True)
     a, b = statistics.median(ours), statistics.median(theirs)

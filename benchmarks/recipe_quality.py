@@ -83,7 +83,7 @@ def prepare_data(root: Path, corpus: str) -> dict[str, str]:
         train, valid = str(WIKITEXT / "valid.txt"), str(WIKITEXT / "test.txt")
     else:
         info = builtin_corpus.write_demo_corpus(str(root / "corpus"))
-        train, valid = info.train, info.validation
+        train, valid = info.files["train"], info.files["validation"]
     tok = str(root / "tokenizer")
     tokenizer.run(tokenizer.TokenizerConfig(inputs=(train,), output=tok, vocab_size=VOCAB))
     prepare.run(prepare.PrepareConfig(tokenizer=tok, output=str(root / "data"), train_files=(train,),

@@ -47,7 +47,7 @@ def prepare(root: Path) -> dict[str, Path]:
 
 def tpulm_run(data: dict, run_dir: Path, steps: int, warmup: int, precision: str = "fp32",
               model: str = "tiny", overrides: dict | None = None, batch: int = BATCH,
-              mlm_probability: float = 0.15) -> dict:
+              mlm_probability: float = 0.15, jit_compile: str = "auto") -> dict:
     """Train ``warmup + steps`` steps; steady tokens/s from the metrics lines after warm-up."""
     from tpulm.model.config import ModelConfig
     from tpulm.training import run
@@ -58,7 +58,7 @@ def tpulm_run(data: dict, run_dir: Path, steps: int, warmup: int, precision: str
         train_data=str(data["train"]), tokenizer=str(data["tokenizer"]), run_dir=str(run_dir),
         model=model, batch_size=batch, max_steps=total, log_every=warmup, eval_every=total,
         checkpoint_every=total, precision=precision, progress=False, peak_tflops=1.0,
-        mlm_probability=mlm_probability,
+        mlm_probability=mlm_probability, jit_compile=jit_compile,
     ), overrides if overrides is not None else MODEL)
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if x["split"] == "train"]

@@ -11,7 +11,6 @@ from keras import ops
 from tpulm.training import strategies
 
 
-@keras.saving.register_keras_serializable(package="tpulm")
 class MaskedLMLoss(keras.losses.Loss):
     """Mean cross-entropy over the real masked tokens of the *global* batch.
 

@@ -19,7 +19,6 @@ def warmup_steps(warmup: float, total_steps: int) -> int:
     return int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
 
 
-@keras.saving.register_keras_serializable(package="tpulm")
 class LinearWarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
     """``peak * min((s + 1) / warmup, (total - s) / (total - warmup))``, clipped to [0, peak].
 
@@ -52,7 +51,6 @@ class LinearWarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         return {k: getattr(self, k) for k in ("peak", "warmup", "total", "accumulation")}
 
 
-@keras.saving.register_keras_serializable(package="tpulm")
 class AdamW(keras.optimizers.AdamW):
     """Keras AdamW whose global-norm clipping sees the gradient summed over all replicas."""
 
