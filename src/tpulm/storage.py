@@ -243,14 +243,7 @@ def atomic_folder(path: str, overwrite: bool, ours: Collection[str] = ()) -> Ite
     folder's entries.
     """
     check_replaceable(path, overwrite, ours or None)
-    tmp = temporary_name(path)
-    try:
+    with atomic_path(path) as tmp:
         makedirs(tmp)
         yield tmp
         check_replaceable(path, overwrite, set(ours) | set(listdir(tmp)))
-        _replace(tmp, path)
-    except BaseException as err:
-        if exists(tmp):
-            _remove_any(tmp)
-        _name_path(err, path)
-        raise

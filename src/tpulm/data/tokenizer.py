@@ -435,29 +435,6 @@ class TokenizerFolder:
     settings: dict[str, Any]
     special: SpecialTokens
     fingerprint: str
-    unk_literals: int = 0  # times the measured samples contain the unknown token's own text
-
-    @property
-    def vocab_shortfall(self) -> str | None:
-        """A sentence when the vocabulary came out smaller than asked for, else None."""
-        if self.vocab_size >= self.requested_vocab_size:
-            return None
-        return (f"asked for a vocabulary of {self.requested_vocab_size}, got {self.vocab_size}: "
-                f"the corpus supports only {self.vocab_size} tokens")
-
-    def describe(self) -> str:
-        """What ``tpulm tokenizer train`` (and ``tpulm run``) say about the new tokenizer."""
-        lines = [
-            f"tokenizer saved to {self.path}: vocab size {self.vocab_size}, trained on "
-            f"{self.samples} samples in {self.seconds:.1f} s, fingerprint {self.fingerprint[:16]}",
-            f"<unk> rate {self.unk_rate:.4%} (first {self.unk_rate_samples} samples)",
-        ]
-        if self.unk_literals:
-            lines[-1] += (f"; the corpus itself contains the unknown token's text "
-                          f"{self.unk_literals} times (as WikiText's <unk> markers), counted too")
-        if self.vocab_shortfall:
-            lines.append(f"note: {self.vocab_shortfall}")
-        return "\n".join(lines)
 
     @property
     def vocab_size(self) -> int:

@@ -53,6 +53,7 @@ import numpy as np
 from keras import ops
 
 from tpulm.model.config import GELU_APPROXIMATE, MODEL_NAMES, ModelConfig
+from tpulm.model.ops import gather_positions
 
 MODEL_NAME = MODEL_NAMES["modernbert"]  # first component of every variable path
 
@@ -320,11 +321,8 @@ class ModernBertMaskedLM(keras.Model):
     def call(self, inputs, training=None):
         x = self.encode(inputs, training=training)
         positions = inputs.get("masked_positions")
-        if positions is not None:
-            # Gather before the head: it runs on (batch, P, hidden) instead of (batch, seq, hidden).
-            index = ops.cast(positions, "int32")[:, :, None]
-            index = ops.broadcast_to(index, (*ops.shape(index)[:2], self.cfg.hidden_size))
-            x = ops.take_along_axis(x, index, axis=1)
+        if positions is not None:  # the head then runs on (batch, P, hidden) only
+            x = gather_positions(x, positions)
         return self.head(x)
 
     def get_config(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ import keras
 from keras import ops
 
 from tpulm.model.config import ModelConfig
+from tpulm.model.ops import gather_positions
 
 
 def _initializer(cfg_range: float) -> keras.initializers.Initializer:
@@ -312,11 +313,8 @@ class RobertaMaskedLM(keras.Model):
     def call(self, inputs, training=None):
         x = self.encode(inputs, training=training)
         positions = inputs.get("masked_positions")
-        if positions is not None:
-            # Gather before the head: it runs on (batch, P, hidden) instead of (batch, seq, hidden).
-            index = ops.cast(positions, "int32")[:, :, None]
-            index = ops.broadcast_to(index, (*ops.shape(index)[:2], self.cfg.hidden_size))
-            x = ops.take_along_axis(x, index, axis=1)
+        if positions is not None:  # the head then runs on (batch, P, hidden) only
+            x = gather_positions(x, positions)
         return self.lm_head(x)
 
     def get_config(self) -> dict[str, Any]:
