@@ -27,6 +27,9 @@ TINY_BUDGET = [
     "train.eval_every=6",
     "train.checkpoint_every=4",
     "train.shuffle_buffer=200",
+    "evaluate.epochs=1",  # the demo's downstream stage, pretrained and from scratch, kept short
+    "evaluate.max_length=32",
+    "evaluate.batch_size=64",
 ]
 
 
