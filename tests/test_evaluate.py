@@ -180,7 +180,7 @@ def _env(**extra: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
     """(run dir, export folder) of a tiny model with random weights and a corpus tokenizer."""
-    from test_model_support import make_run_dir, train_reference_tokenizer
+    from support.models import make_run_dir, train_reference_tokenizer
 
     from tpulm import hf
     from tpulm.model.config import load_model_preset
