@@ -182,7 +182,7 @@ def model_dirs(tmp_path_factory):
     """(run dir, export folder) of a tiny model with random weights and a corpus tokenizer."""
     from support.models import make_run_dir, train_reference_tokenizer
 
-    from tpulm import hf
+    from tpulm.hf.export import write_export
     from tpulm.model.config import load_model_preset
 
     lines = list(tasks.corpus_lines()["train"][:3000])
@@ -190,7 +190,7 @@ def model_dirs(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "run"
     make_run_dir(run_dir, tok, load_model_preset("tiny"), steps=(4,))
     export = run_dir / "export"
-    hf.write_export(str(run_dir), str(export))
+    write_export(str(run_dir), str(export))
     return run_dir, export
 
 
