@@ -1,5 +1,5 @@
 """Helpers for the whole-word and document tests (no tests here): real text from the built-in
-demo corpus (CPython's own docstrings, no download, no ../shared) and tokenizers trained on it."""
+demo corpus (CPython's own docstrings: no download, nothing beside the repository) and tokenizers trained on it."""
 
 from __future__ import annotations
 
