@@ -215,9 +215,16 @@ def test_rerun_after_sigkill_finishes_identically(tmp_path, tok_dir, wikitext_di
             "--train-files", str(corpus), "--max-length", "100", "--shard-size", "40", "--progress", "false"]
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = killed / "train" / "dataset-0-40.tfrecord"
+    progress = killed / "train" / preparation.PROGRESS_NAME
+
+    def finished_shards() -> int:  # the progress file is renamed into place: never half-written
+        try:
+            return json.loads(progress.read_text())["resume"]["shards"]
+        except (FileNotFoundError, ValueError, KeyError):
+            return 0
+
     deadline = time.monotonic() + 120
-    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+    while finished_shards() < 1 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
