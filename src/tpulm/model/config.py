@@ -19,7 +19,6 @@ PRESETS = ("tiny", "small", "base", "large", "modernbert-tiny", "modernbert-smal
 ARCHITECTURES = ("roberta", "modernbert")
 # First component of every variable path of a model, per architecture (the weight maps rely on it).
 MODEL_NAMES = {"roberta": "roberta_mlm", "modernbert": "modernbert_mlm"}
-MODEL_NAME = MODEL_NAMES["roberta"]
 # ModernBERT activations (Transformers' names) -> whether GELU uses the tanh approximation.
 GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
 

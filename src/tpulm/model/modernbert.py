@@ -52,10 +52,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from tpulm.model.config import GELU_APPROXIMATE, MODEL_NAMES, ModelConfig
+from tpulm.model.config import GELU_APPROXIMATE, ModelConfig
 from tpulm.model.ops import gather_positions
-
-MODEL_NAME = MODEL_NAMES["modernbert"]  # first component of every variable path
 
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
