@@ -8,7 +8,8 @@ their ratio, and MFU against a large fp32 matmul measured in the same run (tpulm
 on the gathered masked slots, PyTorch on all positions, as each computes it). Then ``base`` for a
 few steps: tokens/s and peak memory (in a subprocess of its own). With ``--bf16`` both also run in
 bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``). tpulm runs with its defaults
-(on CPU: TensorFlow graph mode with oneDNN, one inter-op thread; see ``tpulm.training.strategies``).
+(on CPU: XLA in fp32, TensorFlow graph mode with oneDNN in bfloat16, one inter-op thread; see
+``tpulm.training.strategies.use_xla``).
 
     PYTHONPATH=src python benchmarks/train_throughput.py [--steps 20] [--skip-base]
 """

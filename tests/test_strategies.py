@@ -1,4 +1,5 @@
-"""Distribution: a real 2-replica MirroredStrategy (2 logical CPUs) matches one replica."""
+"""Distribution: a real 2-replica MirroredStrategy (2 logical CPUs) matches one replica; the chief
+rule; when the train step compiles with XLA."""
 
 from __future__ import annotations
 
@@ -91,3 +92,20 @@ def test_only_the_chief_writes_shared_files():
     assert not chief("evaluator", 0, {**workers, "evaluator": ["e:1"]})
     assert chief(None, None, None)
     assert is_chief(tf.distribute.get_strategy())  # one process: it writes
+
+
+def test_auto_compiles_with_xla_on_cpu_except_in_bfloat16():
+    import pytest
+    import tensorflow as tf
+
+    from tpulm.errors import TpulmError
+    from tpulm.training.strategies import use_xla
+
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("the CPU rule")
+    one = tf.distribute.get_strategy()
+    assert use_xla(one, "auto", "fp32") and use_xla(one, "auto", "mixed_float16")
+    assert not use_xla(one, "auto", "mixed_bfloat16")  # oneDNN's bfloat16 kernels are faster
+    assert use_xla(one, "true", "mixed_bfloat16") and not use_xla(one, "false", "fp32")
+    with pytest.raises(TpulmError, match="jit_compile must be one of"):
+        use_xla(one, "yes")

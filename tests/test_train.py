@@ -20,11 +20,8 @@ from tpulm.cli import main
 from tpulm.data import shards, tokenizer
 from tpulm.errors import TpulmError
 from tpulm.training import run
-
-# jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
 from tpulm.training.config import TrainConfig, fit_calls, steps_per_execution
 
-# jit_compile "auto" is graph mode on CPU; the CLI test forces XLA.
 QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
 
 

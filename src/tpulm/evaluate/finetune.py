@@ -45,7 +45,8 @@ class FinetuneConfig:
     clip_norm: float = config.setting(1.0, "global gradient-norm clipping (0: off)")
     dropout: float = config.setting(0.1, "dropout of the classification head")
     jit_compile: str = config.setting(
-        "auto", "XLA: auto (off on CPU with TensorFlow), true, false", choices=JIT_MODES)
+        "auto", "XLA: auto (as tpulm train: on, off on CPU with TensorFlow in bfloat16), true, false",
+        choices=JIT_MODES)
 
     def __post_init__(self) -> None:
         for name in ("epochs", "batch_size", "max_length"):

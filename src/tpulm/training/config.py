@@ -65,7 +65,7 @@ class TrainConfig:
     tpu_zone: str | None = setting(None, "GCP zone of the TPU")
     gcp_project: str | None = setting(None, "GCP project of the TPU")
     jit_compile: str = setting(
-        "auto", "XLA: auto (on for GPU/TPU, off on CPU where oneDNN is faster), true, false",
+        "auto", "XLA: auto (on, but off for mixed_bfloat16 on CPU where oneDNN is faster), true, false",
         choices=JIT_MODES,
     )
     steps_per_execution: int = setting(0, "steps per compiled call (0: automatic)")

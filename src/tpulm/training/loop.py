@@ -150,7 +150,7 @@ class Trainer:
         return model, optimizer, lr, state
 
     def _compile(self, model, optimizer, calls) -> None:
-        jit = strategies.use_xla(self.strategy, self.cfg.jit_compile)
+        jit = strategies.use_xla(self.strategy, self.cfg.jit_compile, self.cfg.precision)
         spe = steps_per_execution(self.cfg, calls, self.total_steps, self.accumulation)
         with self.strategy.scope():
             model.compile(
