@@ -45,19 +45,13 @@ def torch_batches(data: dict, n: int) -> list[dict]:
     from tpulm.training.masking import Masker, max_predictions
 
     tok = open_folder(str(data["tokenizer"]))
-    masker = Masker(bench.VOCAB, tok.special.mask_id, tok.special.ids,
-                    max_predictions(bench.SEQ, MLM), mlm_probability=MLM)
+    masker = Masker(bench.VOCAB, tok.special.mask_id, tok.special.ids,  # as the trainer masks
+                    max_predictions(bench.SEQ, MLM, group_rows=bench.BATCH), mlm_probability=MLM,
+                    group_rows=bench.BATCH)
     ds = training_dataset(open_shards(str(data["train"])), batch_size=bench.BATCH, masker=masker, seed=0)
-    out = []
-    for x, y, w in ds.take(n):
-        labels = np.full((bench.BATCH, bench.SEQ), -100, np.int64)
-        pos, keep, ids = x["masked_positions"].numpy(), w.numpy() > 0, y.numpy()
-        rows = np.repeat(np.arange(bench.BATCH)[:, None], pos.shape[1], 1)
-        labels[rows[keep], pos[keep]] = ids[keep]
-        out.append({"input_ids": torch.from_numpy(x["input_ids"].numpy().astype(np.int64)),
-                    "attention_mask": torch.from_numpy(x["attention_mask"].numpy().astype(np.int64)),
-                    "labels": torch.from_numpy(labels)})
-    return out
+    return [{"input_ids": torch.from_numpy(x["input_ids"].numpy().astype(np.int64)),
+             "attention_mask": torch.from_numpy(x["attention_mask"].numpy().astype(np.int64)),
+             "labels": torch.from_numpy(bench.slot_labels(x, y, w))} for x, y, w in ds.take(n)]
 
 
 def torch_model(pad_id: int, sparse_prediction: bool):

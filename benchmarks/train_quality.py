@@ -21,6 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the tests' reference-schema shard writer
+sys.path.insert(0, str(REPO / "benchmarks"))  # train_throughput's slot_labels
 WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
 SEQ, BATCH, VOCAB, LR = 128, 32, 4096, 1e-3
 
@@ -67,15 +68,11 @@ def to_torch(x, y, w):
     """A tpulm batch as RobertaForMaskedLM inputs; labels -100 off the masked positions."""
     import numpy as np
     import torch
+    from train_throughput import slot_labels
 
-    ids = x["input_ids"].numpy().astype(np.int64)
-    labels = np.full(ids.shape, -100, np.int64)
-    pos, real = x["masked_positions"].numpy(), w.numpy() > 0
-    rows = np.repeat(np.arange(ids.shape[0])[:, None], pos.shape[1], 1)
-    labels[rows[real], pos[real]] = y.numpy()[real]
-    return {"input_ids": torch.from_numpy(ids),
+    return {"input_ids": torch.from_numpy(x["input_ids"].numpy().astype(np.int64)),
             "attention_mask": torch.from_numpy(x["attention_mask"].numpy().astype(np.int64)),
-            "labels": torch.from_numpy(labels)}
+            "labels": torch.from_numpy(slot_labels(x, y, w))}
 
 
 def torch_run(data: dict, steps: int, seed: int) -> float:

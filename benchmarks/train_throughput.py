@@ -82,18 +82,27 @@ def torch_batches(data: dict, n: int) -> list[dict]:
     from tpulm.training.masking import Masker, max_predictions
 
     special = special_tokens(str(data["tokenizer"]))
-    masker = Masker(VOCAB, special.mask_id, special.ids, max_predictions(SEQ, 0.15))
+    masker = Masker(VOCAB, special.mask_id, special.ids,  # as the trainer masks (one replica)
+                    max_predictions(SEQ, 0.15, group_rows=BATCH), group_rows=BATCH)
     ds = training_dataset(open_shards(str(data["train"])), batch_size=BATCH, masker=masker, seed=0)
-    out = []
-    for x, y, w in ds.take(n):
-        labels = np.full((BATCH, SEQ), -100, np.int64)
-        pos, w, y = x["masked_positions"].numpy(), w.numpy() > 0, y.numpy()
-        rows = np.repeat(np.arange(BATCH)[:, None], pos.shape[1], 1)
-        labels[rows[w], pos[w]] = y[w]
-        out.append({"input_ids": torch.from_numpy(x["input_ids"].numpy().astype(np.int64)),
-                    "attention_mask": torch.from_numpy(x["attention_mask"].numpy().astype(np.int64)),
-                    "labels": torch.from_numpy(labels)})
-    return out
+    return [{"input_ids": torch.from_numpy(x["input_ids"].numpy().astype(np.int64)),
+             "attention_mask": torch.from_numpy(x["attention_mask"].numpy().astype(np.int64)),
+             "labels": torch.from_numpy(slot_labels(x, y, w))} for x, y, w in ds.take(n)]
+
+
+def slot_labels(x, y, w):
+    """(B, S) int64 labels of a tpulm batch: the masked ids at their positions, -100 elsewhere.
+
+    Slot positions are offsets into the flattened batch (``tpulm.model.ops.gather_positions``).
+    """
+    import numpy as np
+
+    batch, seq = x["input_ids"].shape
+    pos, real = x["masked_positions"].numpy(), w.numpy() > 0
+    flat = np.arange(batch)[:, None] * seq + pos
+    labels = np.full(batch * seq, -100, np.int64)
+    labels[flat[real]] = y.numpy()[real]
+    return labels.reshape(batch, seq)
 
 
 def torch_run(data: dict, steps: int, warmup: int, pad_id: int, bf16: bool = False) -> dict:

@@ -8,6 +8,7 @@ import tensorflow as tf
 from support.training import blocks, make_tokenizer, wikitext_lines
 
 from tpulm.data.tokenizer import special_tokens
+from tpulm.errors import TpulmError
 from tpulm.training.masking import Masker, max_predictions
 
 MAX_LENGTH = 128
@@ -45,6 +46,78 @@ def test_max_predictions_is_mean_plus_six_sigma():
     assert max_predictions(128, 0.15) == 44  # 19.2 + 6 * 4.04
     assert max_predictions(512, 0.15) == 126
     assert max_predictions(4, 1.0) == 4
+    assert max_predictions(128, 0.3) == 70  # 38.4 + 6 * 5.18
+    assert max_predictions(128, 0.3, group_rows=32) == 44  # 38.4 + 6 * 5.18 / sqrt(32)
+
+
+def _targets(out) -> list[tuple[int, int, int]]:
+    """(row, column, original id) of every real slot, decoding offsets into the flat batch."""
+    pos, real = out["masked_positions"], out["masked_weights"] > 0
+    flat = (np.arange(len(pos))[:, None] * out["input_ids"].shape[1] + pos)[real]
+    seq = out["input_ids"].shape[1]
+    return sorted(zip((flat // seq).tolist(), (flat % seq).tolist(), out["masked_ids"][real].tolist()))
+
+
+def test_rows_sharing_slots_mask_the_same_tokens_in_fewer_slots(data):
+    tok_dir, ids, mask = data
+    special = special_tokens(str(tok_dir))
+    common = dict(vocab_size=1000, mask_id=special.mask_id, special_ids=special.ids,
+                  mlm_probability=0.3)
+    alone = _run(Masker(num_predictions=max_predictions(MAX_LENGTH, 0.3), **common), ids, mask)
+    shared = _run(Masker(num_predictions=max_predictions(MAX_LENGTH, 0.3, group_rows=32),
+                         group_rows=32, **common), ids, mask)
+    assert shared["masked_positions"].shape == (256, 44) and alone["masked_positions"].shape == (256, 70)
+    np.testing.assert_array_equal(shared["input_ids"], alone["input_ids"])  # the same draw
+    assert _targets(shared) == _targets(alone)
+    assert all(ids[r, c] == i for r, c, i in _targets(shared))
+    # A group's slots hold only its own rows' tokens, in row-major order.
+    pos = shared["masked_positions"]
+    flat = np.arange(256)[:, None] * MAX_LENGTH + pos
+    real = shared["masked_weights"] > 0
+    for g in range(8):
+        rows = (flat[g * 32:(g + 1) * 32][real[g * 32:(g + 1) * 32]]) // MAX_LENGTH
+        assert rows.min() >= g * 32 and rows.max() < (g + 1) * 32 and (np.diff(rows) >= 0).all()
+
+
+def test_a_group_that_overflows_keeps_its_first_slots_and_unmasks_the_rest(data):
+    tok_dir, ids, mask = data
+    special = special_tokens(str(tok_dir))
+    masker = Masker(1000, special.mask_id, special.ids, num_predictions=5, mlm_probability=1.0,
+                    mask_token_rate=1.0, random_token_rate=0.0, group_rows=4)
+    out = _run(masker, ids[:8], mask[:8])
+    maskable = (mask[:8] == 1) & ~np.isin(ids[:8], special.ids)
+    for g in range(2):
+        rows, cols = np.nonzero(maskable[g * 4:(g + 1) * 4])  # row-major order
+        kept = [(g * 4 + r, c, ids[g * 4 + r, c]) for r, c in zip(rows[:20], cols[:20])]
+        assert [t for t in _targets(out) if g * 4 <= t[0] < (g + 1) * 4] == kept
+    changed = sorted(zip(*np.nonzero(out["input_ids"] != ids[:8])))
+    assert changed == [(r, c) for r, c, _ in _targets(out) if ids[r, c] != special.mask_id]
+    with pytest.raises(TpulmError, match="group_rows must be positive"):
+        Masker(1000, special.mask_id, special.ids, num_predictions=5, group_rows=0)
+
+
+def test_shared_slots_give_the_same_loss(data):
+    """The model and the loss see the same (token, logit) pairs whichever rows share slots."""
+    import keras
+
+    from tpulm.model.config import ModelConfig
+    from tpulm.model.networks import build_model
+    from tpulm.training.objective import MaskedLMLoss
+
+    tok_dir, ids, mask = data
+    special = special_tokens(str(tok_dir))
+    keras.utils.set_random_seed(0)
+    model = build_model(ModelConfig(vocab_size=1000, hidden_size=32, num_layers=1, num_heads=2,
+                                    intermediate_size=64, max_position_embeddings=512,
+                                    pad_token_id=special.pad_id))
+    common = dict(vocab_size=1000, mask_id=special.mask_id, special_ids=special.ids)
+    losses = []
+    for rows in (1, 8):
+        out = _run(Masker(num_predictions=max_predictions(MAX_LENGTH, 0.15, group_rows=rows),
+                          group_rows=rows, **common), ids[:16], mask[:16])
+        x = {k: out[k] for k in ("input_ids", "attention_mask", "masked_positions")}
+        losses.append(float(MaskedLMLoss()(out["masked_ids"], model(x), out["masked_weights"])))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-6)
 
 
 def test_all_selected_all_mask_is_exact(data):

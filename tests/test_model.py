@@ -98,6 +98,13 @@ def test_gathered_positions_equal_full_logits(pair, tokenizer, texts):
     assert got.shape == (4, 3, full.shape[-1])
     np.testing.assert_allclose(got, np.take_along_axis(full, positions[..., None], 1),
                                atol=1e-6, rtol=0)
+    # Offsets past a row's end name the next rows' tokens (rows sharing masking slots).
+    seq = full.shape[1]
+    shared = np.array([[seq + 2, 2 * seq + 1, 3 * seq + 5], [-seq + 4, 6, 0],
+                       [1, seq + 3, -2 * seq], [-3 * seq + 7, -1, 2]], dtype=np.int32)
+    flat = (np.arange(4)[:, None] * seq + shared).ravel()
+    np.testing.assert_allclose(_keras_logits(model, batch, masked_positions=shared).reshape(12, -1),
+                               full.reshape(4 * seq, -1)[flat], atol=1e-6, rtol=0)
 
 
 def test_jax_backend_gives_same_logits(pair, tokenizer, texts, tmp_path):

@@ -21,6 +21,7 @@ Model inputs are a dict (the RoBERTa interface of :mod:`tpulm.model` plus two op
     input_ids        (batch, seq) int32
     attention_mask   (batch, seq) int, 1 = real token
     masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
+                     (offsets into the flattened batch: see ``tpulm.model.ops.gather_positions``)
     segment_ids      (batch, seq) int32, optional: document index inside a packed block, 0 =
                      padding; a query then attends only to keys of its own (nonzero) document,
                      on local layers inside the sliding window too

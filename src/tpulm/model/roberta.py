@@ -11,6 +11,7 @@ Model inputs are a dict::
     input_ids        (batch, seq) int32
     attention_mask   (batch, seq) int, 1 = real token
     masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
+                     (offsets into the flattened batch: see ``tpulm.model.ops.gather_positions``)
     segment_ids      (batch, seq) int32, optional: document of each token in a packed block (0 =
                      padding); attention is then block-diagonal (same nonzero segment only)
     position_ids     (batch, seq) int32, optional: position inside the document, from 0

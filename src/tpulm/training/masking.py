@@ -28,16 +28,23 @@ import tensorflow as tf
 from tpulm.errors import TpulmError
 
 
-def max_predictions(seq_len: int, mlm_probability: float, sigmas: float = 6.0) -> int:
-    """Masked slots per sequence: mean + ``sigmas`` std of Binomial(seq_len, p), at most seq_len.
+def max_predictions(seq_len: int, mlm_probability: float, sigmas: float = 6.0,
+                    group_rows: int = 1) -> int:
+    """Masked slots per sequence: mean + ``sigmas`` std of the selected count, at most seq_len.
+
+    Rows that share their slots (``group_rows``, see :class:`Masker`) need a margin on their
+    total, Binomial(group_rows x seq_len, p): per row that is ``sigmas`` std / sqrt(group_rows).
+    At seq 128 and 30% masking one row needs 70 slots for 38 selections on average; a group of
+    32 rows needs 44 per row.
 
     Args:
         seq_len: tokens per sequence (an upper bound on the maskable positions).
         mlm_probability: probability that a maskable position is selected.
         sigmas: safety margin in standard deviations of the binomial count.
+        group_rows: rows sharing their slots.
     """
     mean = seq_len * mlm_probability
-    std = math.sqrt(seq_len * mlm_probability * (1.0 - mlm_probability))
+    std = math.sqrt(seq_len * mlm_probability * (1.0 - mlm_probability) / group_rows)
     return max(1, min(seq_len, math.ceil(mean + sigmas * std)))
 
 
@@ -53,6 +60,16 @@ class Masker:
         mlm_probability: probability that a maskable position is selected.
         mask_token_rate: share of selected positions replaced by ``[MASK]``.
         random_token_rate: share of selected positions replaced by a random non-special token.
+        group_rows: consecutive rows (G) that share their G x P slots. A row's own selection
+            varies far more than a group's total, so a group needs fewer padded slots per row
+            for the same overflow odds, and the LM head runs on fewer of them. The batch must
+            be a multiple of G, and data parallelism must split it at group boundaries: the
+            trainer uses the per-replica batch.
+
+    A slot holds the position of its token as an offset from the start of the slot's own row
+    in the flattened (B x S) batch: ``(r - i) x S + c`` for the token at row r, column c, in
+    slot row i. With G = 1 that is the column. Slots fill in row-major order; when the
+    selection overflows the slots, the positions after the last slot stay unselected.
     """
 
     vocab_size: int
@@ -62,6 +79,7 @@ class Masker:
     mlm_probability: float = 0.15
     mask_token_rate: float = 0.8
     random_token_rate: float = 0.1
+    group_rows: int = 1
 
     def __post_init__(self) -> None:
         for name in ("mlm_probability", "mask_token_rate", "random_token_rate"):
@@ -74,6 +92,8 @@ class Masker:
             )
         if self.num_predictions < 1:
             raise TpulmError(f"num_predictions must be positive, got {self.num_predictions}")
+        if self.group_rows < 1:
+            raise TpulmError(f"group_rows must be positive, got {self.group_rows}")
 
     @property
     def replacement_ids(self) -> np.ndarray:
@@ -90,8 +110,8 @@ class Masker:
 
         Returns:
             dict of int32 ``input_ids`` (B, S) with replacements applied, ``attention_mask``
-            (B, S), ``masked_positions`` (B, P), ``masked_ids`` (B, P) and float32
-            ``masked_weights`` (B, P).
+            (B, S), ``masked_positions`` (B, P) (offsets, see the class docstring),
+            ``masked_ids`` (B, P) and float32 ``masked_weights`` (B, P).
         """
         input_ids = tf.cast(input_ids, tf.int32)
         attention_mask = tf.cast(attention_mask, tf.int32)
@@ -121,13 +141,18 @@ class Masker:
         )
         masked_input = tf.where(to_mask, self.mask_id, tf.where(to_random, random_ids, input_ids))
         positions, weights = self._slots(selected)
+        rows = tf.range(shape[0])[:, None] * shape[1]  # each slot row's start, flattened
         return {
             "input_ids": masked_input,
             "attention_mask": attention_mask,
             "masked_positions": positions,
-            "masked_ids": tf.gather(input_ids, positions, batch_dims=1),
+            "masked_ids": tf.gather(tf.reshape(input_ids, [-1]), rows + positions),
             "masked_weights": weights,
         }
+
+    def _by_group(self, x: tf.Tensor) -> tf.Tensor:
+        """(B, S) -> (B / G, G x S): each group of rows flattened, in row-major order."""
+        return tf.reshape(x, [-1, self.group_rows * tf.shape(x)[-1]])
 
     def _select(self, input_ids, maskable, select_seed, action_seed):
         """(selected (B, S) bool, action (B, S) uniform draw deciding [MASK] / random / keep)."""
@@ -135,21 +160,27 @@ class Masker:
         selected = tf.logical_and(
             maskable, tf.random.stateless_uniform(shape, select_seed) < self.mlm_probability
         )
-        # Keep only the first P selected positions of each row: (B, S) bool.
-        rank = tf.cumsum(tf.cast(selected, tf.int32), axis=-1)
-        selected = tf.logical_and(selected, rank <= self.num_predictions)
+        # Keep only the first G x P selected positions of each group of rows: (B, S) bool.
+        rank = tf.reshape(tf.cumsum(self._by_group(tf.cast(selected, tf.int32)), axis=-1), shape)
+        selected = tf.logical_and(selected, rank <= self.group_rows * self.num_predictions)
         return selected, tf.random.stateless_uniform(shape, action_seed)
 
     def _slots(self, selected: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """(B, S) bool -> positions (B, P) int32 in ascending order (0 for empty slots), weights."""
-        seq_len = tf.shape(selected)[-1]
-        # Score S - position for selected, 0 otherwise: top_k lists selected positions first,
+        """(B, S) bool -> positions (B, P) int32 offsets in ascending order (0 for empty
+        slots), and their weights."""
+        seq_len, group, slots = tf.shape(selected)[-1], self.group_rows, self.num_predictions
+        flat = self._by_group(selected)  # (B / G, G x S)
+        size = group * seq_len
+        # Score size - index for selected, 0 otherwise: top_k lists selected positions first,
         # in ascending order; slots beyond the selected count get score 0 (weight 0).
-        score = tf.where(selected, seq_len - tf.range(seq_len), 0)
-        top, positions = tf.math.top_k(score, k=self.num_predictions, sorted=True)
+        score = tf.where(flat, size - tf.range(size), 0)
+        top, index = tf.math.top_k(score, k=group * slots, sorted=True)
         real = top > 0
-        positions = tf.where(real, positions, 0)
-        return tf.cast(positions, tf.int32), tf.cast(real, tf.float32)
+        slot_row = tf.range(group * slots) // slots  # the group row each slot lies in
+        offsets = tf.where(real, index - slot_row * seq_len, 0)
+        batch = tf.shape(selected)[0]
+        return (tf.reshape(tf.cast(offsets, tf.int32), [batch, slots]),
+                tf.reshape(tf.cast(real, tf.float32), [batch, slots]))
 
 
 def whole_word_predictions(seq_len: int, mlm_probability: float, sigmas: float = 6.0,
