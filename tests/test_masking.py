@@ -52,9 +52,8 @@ def test_max_predictions_is_mean_plus_six_sigma():
 
 def _targets(out) -> list[tuple[int, int, int]]:
     """(row, column, original id) of every real slot, decoding offsets into the flat batch."""
-    pos, real = out["masked_positions"], out["masked_weights"] > 0
-    flat = (np.arange(len(pos))[:, None] * out["input_ids"].shape[1] + pos)[real]
-    seq = out["input_ids"].shape[1]
+    pos, real, seq = out["masked_positions"], out["masked_weights"] > 0, out["input_ids"].shape[1]
+    flat = (np.arange(len(pos))[:, None] * seq + pos)[real]
     return sorted(zip((flat // seq).tolist(), (flat % seq).tolist(), out["masked_ids"][real].tolist()))
 
 
