@@ -97,6 +97,37 @@ def check_choices(obj: Any) -> None:
                 f"{field.name} must be one of {', '.join(map(str, choices))}, got {value!r}")
 
 
+
+def _named(name: str) -> str:
+    """A setting as the user meets it: the TOML key and the flag (``seed (--seed)``)."""
+    return f"{name} ({_flag(name)})"
+
+
+def check_at_least(obj: Any, minimum: int, *names: str) -> None:
+    """Every named setting of ``obj`` that is set (not None) is a number >= ``minimum``.
+
+    Call it in ``__post_init__`` so the Python API checks what the CLI checks; NaN fails too.
+    """
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and not value >= minimum:
+            raise TpulmError(f"{_named(name)} must be at least {minimum}, got {value}")
+
+
+def check_fraction(obj: Any, *names: str, zero: bool = True, one: bool = True) -> None:
+    """Every named setting of ``obj`` lies in [0, 1] (ends excluded with ``zero``/``one`` False).
+
+    A percentage given as 15 instead of 0.15 would otherwise fail deep inside (``math domain
+    error``) or silently select everything.
+    """
+    interval = f"{'[' if zero else '('}0, 1{']' if one else ')'}"
+    for name in names:
+        value = getattr(obj, name)
+        low_ok = value >= 0 if zero else value > 0
+        high_ok = value <= 1 if one else value < 1
+        if not (low_ok and high_ok):  # NaN fails both
+            raise TpulmError(f"{_named(name)} must be in {interval}, got {value}")
+
 def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     """Build ``cls`` from ``data``; unknown keys and wrong types are errors naming ``where``."""
     types_ = _field_types(cls)

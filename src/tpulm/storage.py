@@ -118,6 +118,85 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
+def _store_reason(err: BaseException) -> str:
+    """The first line of a store's own error (TensorFlow's message without its C++ context)."""
+    text = getattr(err, "message", None) or str(err) or type(err).__name__
+    return text.strip().splitlines()[0].strip()
+
+
+def _bucket(path: str) -> str | None:
+    """``gs://bucket`` of a ``gs://bucket/...`` path; None for other schemes (no buckets)."""
+    if not path.startswith("gs://"):
+        return None
+    return "gs://" + path[len("gs://"):].split("/", 1)[0]
+
+
+def _nearest_existing(path: str) -> str:
+    """``path`` or its closest ancestor that exists (local paths)."""
+    current = os.path.abspath(path)
+    while not os.path.exists(current) and os.path.dirname(current) != current:
+        current = os.path.dirname(current)
+    return current
+
+
+def check_reachable(path: str | None, what: str, write: bool = False) -> None:
+    """Fail in seconds, before any heavy work, when ``path`` cannot be used.
+
+    Each stage calls this at its start for every path it reads or writes: a ``gs://`` path
+    without network or credentials otherwise fails only when first touched (after tokenizing a
+    corpus, say) with a raw TensorFlow error. Remote paths get one metadata request, and the
+    store's own reason is reported; a local output must be writable.
+
+    Args:
+        path: the path (None or "" is skipped: not set).
+        what: the setting it comes from, for the message (``--output``).
+        write: the stage writes there: the bucket must exist, a local place must be writable.
+
+    Raises:
+        TpulmError: one line naming the setting, the path and the store's reason.
+    """
+    if not path:
+        return
+    if not is_remote(path):
+        if write:
+            _check_writable(_local(path), what)
+        return
+    try:
+        bucket = _bucket(path) if write else None
+        if bucket and not _gfile().exists(bucket):
+            raise TpulmError(f"{what} {path}: bucket {bucket} does not exist (or these credentials "
+                             "cannot see it); create it or fix the path")
+        _gfile().exists(path)
+    except TpulmError:
+        raise
+    except Exception as err:  # tf.errors.OpError and friends: network, credentials, permissions
+        raise TpulmError(
+            f"{what} {path} cannot be reached: {_store_reason(err)}; check the network, the path "
+            "and the credentials (gcloud auth application-default login)") from None
+
+
+def _check_writable(path: str, what: str) -> None:
+    """A local output whose place cannot be written says so before any work."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise TpulmError(f"{what} {path} is a symbolic link to {os.readlink(path)}, which does not "
+                         "exist; create that folder or choose another output")
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        if existing != os.path.abspath(path):
+            raise TpulmError(f"{what} {path}: {existing} is a file, not a folder; choose another "
+                             "output")
+        existing = os.path.dirname(existing) or "."
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TpulmError(f"{what} {path} is read-only ({existing} cannot be written); choose a "
+                         "writable place or fix its permissions")
+    try:  # os.access ignores read-only mounts for root; statvfs sees them
+        if os.statvfs(existing).f_flag & os.ST_RDONLY:
+            raise TpulmError(f"{what} {path} is on a read-only file system ({existing}); choose a "
+                             "writable place")
+    except (OSError, AttributeError):
+        pass
+
+
 def temporary_name(path: str) -> str:
     """A unique sibling name for ``path`` that readers of the folder recognise as unfinished."""
     head, tail = os.path.split(path) if not is_remote(path) else path.rsplit("/", 1)
@@ -153,7 +232,13 @@ def _name_path(err: BaseException, path: str) -> None:
 @contextmanager
 def atomic_path(path: str) -> Iterator[str]:
     """Yield a temporary path to write to (a file, or a folder the caller creates); on success
-    it replaces ``path`` by rename, a folder included, else it is deleted."""
+    it replaces ``path`` by rename, a folder included, else it is deleted.
+
+    A local ``path`` that is a symbolic link is followed: what it points to is replaced and the
+    link stays (renaming over the link would swap it for a folder or leave it renamed aside).
+    """
+    if not is_remote(path) and os.path.islink(_local(path)):
+        path = os.path.realpath(_local(path))
     tmp = temporary_name(path)
     try:
         yield tmp

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from typing import Any
 
@@ -68,7 +69,26 @@ def pipeline_options(cfg: PrepareConfig):
                 "(set the runner with --runner)"
             )
         flags.append("--" + option.lstrip("-"))
-    return PipelineOptions(flags)
+    options = PipelineOptions(flags)
+    _check_known(options)
+    return options
+
+
+def _check_known(options) -> None:
+    """Refuse options no Beam component declares: Beam only logs and drops them, so a typo
+    (``direct_num_worker=2``) would silently run with the default."""
+    beam_log = logging.getLogger("apache_beam.options.pipeline_options")
+    level = beam_log.level
+    beam_log.setLevel(logging.ERROR)  # its "Discarding unparseable args" warning: said below
+    try:
+        unknown = sorted(set(options.get_all_options(retain_unknown_options=True))
+                         - set(options.get_all_options()))
+    finally:
+        beam_log.setLevel(level)
+    if unknown:
+        raise TpulmError(f"unknown --beam-option {', '.join(unknown)}: no Beam pipeline option has "
+                         "that name (Beam's PipelineOptions list them, e.g. direct_num_workers=2, "
+                         "project=my-project)")
 
 
 def create_runner(name: str):

@@ -28,6 +28,9 @@ class InspectConfig:
     )
     decode: int = config.setting(3, "blocks to decode and show per split")
 
+    def __post_init__(self) -> None:
+        config.check_at_least(self, 0, "decode")
+
 
 @dataclasses.dataclass
 class SplitReport:

@@ -62,9 +62,8 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         low, high = MAX_LENGTH_RANGE
         if not low <= self.max_length <= high:
-            raise TpulmError(f"max_length {self.max_length} is out of range [{low}, {high}]")
-        if self.shard_size < 1 or self.batch_size < 1:
-            raise TpulmError("shard_size and batch_size must be >= 1")
+            raise TpulmError(f"max_length (--max-length) must be in [{low}, {high}], got {self.max_length}")
+        config.check_at_least(self, 1, "shard_size", "batch_size")
 
     def sources(self) -> dict[str, corpus.Source]:
         """Split name -> where its samples come from."""
@@ -183,7 +182,7 @@ def check_existing(plan: Plan) -> Resume | shards.Manifest:
         problem = _mismatch(found, plan.identity, plan.split_dir)
         if problem:
             raise TpulmError(problem)
-        return manifest
+        return _verified(plan, manifest)
     progress_path = storage.join(plan.split_dir, PROGRESS_NAME)
     existing = shards.list_shards(plan.split_dir)
     if not storage.exists(progress_path):
@@ -207,6 +206,20 @@ def check_existing(plan: Plan) -> Resume | shards.Manifest:
         log.warning("%s: finished shards are missing; preparing the split again", plan.split_dir)
         return Resume()
     return resume
+
+
+def _verified(plan: Plan, manifest: shards.Manifest) -> Resume | shards.Manifest:
+    """The manifest when every shard it lists is there with its recorded size; else the split
+    is prepared again (its manifest removed first, so an interrupted repair resumes as any run)
+    rather than called complete over missing or truncated shards."""
+    problems = shards.damaged_shards(plan.split_dir, manifest)
+    if not problems:
+        return manifest
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    log.warning("%s: %s; preparing the split again", plan.split_dir, shown)
+    write_progress(plan, Resume())  # the folder stays ours if the repair is interrupted
+    storage.remove(storage.join(plan.split_dir, shards.MANIFEST_NAME))
+    return Resume()
 
 
 def write_progress(plan: Plan, resume: Resume) -> None:

@@ -92,7 +92,7 @@ class _Packer:
         self.plan, self.cfg, self.pad_id = plan, cfg, pad_id
         self.block_tokens = cfg.shard_size * cfg.max_length  # tokens per full shard
         self.done = [  # infos of the finished shards; full ones are all alike
-            shards.ShardInfo(shards.shard_name(i, cfg.shard_size), cfg.shard_size, self.block_tokens)
+            shards.finished_shard(plan.split_dir, i, cfg.shard_size, self.block_tokens)
             for i in range(resume.shards)
         ]
         self.sample = resume.next_sample  # index of the next batch's first sample
@@ -218,6 +218,13 @@ def prepare_split(plan: preparation.Plan, cfg: PrepareConfig, tok, pad_id: int, 
     return preparation.summary(plan, manifest, seconds, added, resumed=state.shards)
 
 
+def check_paths(cfg: PrepareConfig) -> None:
+    """The tokenizer and the output can be reached (and written): fail in seconds, not after
+    tokenizing a corpus."""
+    storage.check_reachable(cfg.tokenizer, "--tokenizer")
+    storage.check_reachable(cfg.output, "--output", write=True)
+
+
 def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``.
 
@@ -227,6 +234,7 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     Returns:
         A :class:`preparation.PrepareResult` with one :class:`preparation.SplitSummary` per split.
     """
+    check_paths(cfg)
     if cfg.runner:
         from tpulm.data import beam
 

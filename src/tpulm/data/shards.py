@@ -41,11 +41,15 @@ def parse_shard_name(name: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+_RECORD_FRAMING = 16  # TFRecord: uint64 length, uint32 CRC of it, the data, uint32 CRC of it
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
     file: str  # name inside the split folder
     records: int
     tokens: int  # positions with attention_mask 1
+    bytes: int | None = None  # file size; None in manifests written before it was recorded
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,62 @@ class Manifest:
             return cls(**data)
         except (ValueError, KeyError, TypeError) as err:
             raise TpulmError(f"{where} is not a valid tpulm manifest: {err}") from None
+
+
+def damaged_shards(split_dir: str, manifest: Manifest) -> list[str]:
+    """What is wrong with the shards a manifest lists: one phrase per missing shard or shard of
+    another size than recorded (sizes are checked where the manifest has them). Empty: all good.
+
+    A stat per shard: cheap next to reading them, so training and ``prepare`` run it always.
+    """
+    present = set(storage.listdir(split_dir)) if storage.isdir(split_dir) else set()
+    listed = [info for info in manifest.shards if info.file in present]
+    problems = [f"{info.file} is missing" for info in manifest.shards if info.file not in present]
+    sized = [info for info in listed if info.bytes is not None]
+    paths = [storage.join(split_dir, info.file) for info in sized]
+    for info, found in zip(sized, _sizes(paths)):
+        if found != info.bytes:
+            problems.append(f"{info.file} has {found} bytes, not the {info.bytes} it was written with")
+    return problems
+
+
+def _sizes(paths: list[str]) -> list[int]:
+    """File sizes; remote stats run in parallel (each is a round trip)."""
+    if not paths or not storage.is_remote(paths[0]):
+        return [storage.size(p) for p in paths]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(storage.size, paths))
+
+
+def check_complete(split_dir: str, manifest: Manifest) -> None:
+    """Stop when a shard the manifest lists is missing or damaged, naming it and the repair.
+
+    Raises:
+        TpulmError: the first problems, and the ``tpulm data prepare`` command that rewrites them.
+    """
+    problems = damaged_shards(split_dir, manifest)
+    if not problems:
+        return
+    shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
+    raise TpulmError(f"{split_dir}: {shown}; rewrite them with {repair_command(split_dir, manifest)}")
+
+
+def repair_command(split_dir: str, manifest: Manifest) -> str:
+    """The ``tpulm data prepare`` command that rewrites a split (its rerun verifies the shards
+    and rewrites damaged ones), from what the manifest recorded."""
+    parent = split_dir.rstrip("/").rsplit("/", 1)[0] if "/" in split_dir.rstrip("/") else "."
+    split = split_dir.rstrip("/").rsplit("/", 1)[-1]
+    parts = ["tpulm data prepare", f"--output {parent}"]
+    if manifest.arguments.get("tokenizer"):
+        parts.append(f"--tokenizer {manifest.arguments['tokenizer']}")
+    source = manifest.source if isinstance(manifest.source, dict) else {}
+    if source.get("files") and split in ("train", "validation", "test"):
+        parts.append(f"--{split}-files " + " ".join(source["files"]))
+    elif source.get("dataset"):
+        parts.append(f"--dataset {source['dataset']}")
+    return "`" + " ".join(parts) + " ...` (the settings that wrote it)"
 
 
 def read_manifest(split_dir: str) -> Manifest | None:
@@ -255,6 +315,7 @@ class ShardWriter:
         self._tmp: str | None = None
         self._records = 0
         self._tokens = 0
+        self._bytes = 0
         # Hooks around each shard's rename, e.g. to record progress the moment a shard is final.
         self.before_rename: Callable[[], None] | None = None
         self.after_rename: Callable[[ShardInfo], None] | None = None
@@ -272,9 +333,9 @@ class ShardWriter:
             self.before_rename()
         name = shard_name(self.index, self._records)
         storage.rename(self._tmp, storage.join(self.split_dir, name), overwrite=True)
-        info = ShardInfo(file=name, records=self._records, tokens=self._tokens)
+        info = ShardInfo(file=name, records=self._records, tokens=self._tokens, bytes=self._bytes)
         self._writer, self._tmp = None, None
-        self.index, self._records, self._tokens = self.index + 1, 0, 0
+        self.index, self._records, self._tokens, self._bytes = self.index + 1, 0, 0, 0
         if self.after_rename is not None:
             self.after_rename(info)
         return info
@@ -290,6 +351,7 @@ class ShardWriter:
             mask = attention_mask[start:stop]
             for record in self._encoder.encode(input_ids[start:stop], mask):
                 self._writer.write(record)
+                self._bytes += len(record) + _RECORD_FRAMING
             self._records += stop - start
             self._tokens += int(mask.sum())
             start = stop
@@ -308,6 +370,12 @@ class ShardWriter:
             if storage.exists(self._tmp):
                 storage.remove(self._tmp)
             self._writer = None
+
+
+def finished_shard(split_dir: str, index: int, records: int, tokens: int) -> ShardInfo:
+    """The info of a full shard an earlier (interrupted) run finished, its size read back."""
+    name = shard_name(index, records)
+    return ShardInfo(name, records, tokens, bytes=storage.size(storage.join(split_dir, name)))
 
 
 def remove_temporaries(split_dir: str) -> list[str]:

@@ -198,9 +198,9 @@ class TokenizerConfig:
         if self.model not in MODELS:
             raise TpulmError(f"unknown tokenizer model {self.model!r}; choose one of {', '.join(MODELS)}")
         if self.vocab_size < len(MODELS[self.model].tokens) + 1:
-            raise TpulmError(f"vocab_size {self.vocab_size} is too small; use 10000-50000")
-        if self.batch_size < 1 or self.unk_rate_samples < 0:
-            raise TpulmError("batch_size must be >= 1 and unk_rate_samples >= 0")
+            raise TpulmError(f"vocab_size (--vocab-size) {self.vocab_size} is too small; use 10000-50000")
+        config.check_at_least(self, 1, "batch_size", "model_max_length")
+        config.check_at_least(self, 0, "unk_rate_samples")
 
     def source(self) -> corpus.Source:
         """The corpus this config names."""
@@ -306,6 +306,8 @@ def train(cfg: TokenizerConfig):
         raise batches.error
     if batches.samples == 0:
         raise TpulmError("the corpus has no (non-empty) samples; check the input files")
+    if cfg.model == "unigram":
+        tokenizer = canonical_unigram(tokenizer, len(recipe.tokens))
     cls, sep = recipe.roles["cls_token"], recipe.roles["sep_token"]
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",
@@ -313,6 +315,56 @@ def train(cfg: TokenizerConfig):
         special_tokens=[(cls, tokenizer.token_to_id(cls)), (sep, tokenizer.token_to_id(sep))],
     )
     return tokenizer, batches.samples
+
+
+SCORE_DECIMALS = 4  # Unigram log-probabilities kept; finer digits are summation-order noise
+_CHAR_PENALTY = 1e-4  # the trainer's score step between characters it adds for coverage
+
+
+def canonical_unigram(tokenizer, specials: int):
+    """The trained Unigram model made independent of the trainer's hash-map order.
+
+    The Rust trainer sums its statistics in the iteration order of hash maps that are seeded
+    at random per process, so the same corpus gives scores that differ in the last bits, and the
+    characters it appends for coverage (scores ``min - k x 1e-4``) in a random order: three runs
+    gave three ``tokenizer.json`` files, and so three fingerprints. Here scores are rounded
+    (``SCORE_DECIMALS``), pieces after the special tokens sorted by (score descending, piece), and
+    the appended characters given their scores in the order of their code points.
+
+    Args:
+        tokenizer: a trained ``tokenizers.Tokenizer`` with a Unigram model.
+        specials: the special tokens at the start of the vocabulary (kept in place).
+    """
+    from tokenizers import Tokenizer
+
+    data = json.loads(tokenizer.to_str())
+    vocab = data["model"]["vocab"]
+    head, rest = vocab[:specials], [[p, round(s, SCORE_DECIMALS)] for p, s in vocab[specials:]]
+    rest.sort(key=lambda entry: (-entry[1], entry[0]))
+    tail = _appended_characters(rest)
+    if tail:
+        scores = sorted((s for _, s in rest[-tail:]), reverse=True)
+        rest[-tail:] = [[p, s] for p, s in zip(sorted(p for p, _ in rest[-tail:]), scores)]
+    rest.sort(key=lambda entry: (-entry[1], entry[0]))
+    data["model"]["vocab"] = head + rest
+    return Tokenizer.from_str(json.dumps(data, ensure_ascii=False))
+
+
+def _appended_characters(rest: list) -> int:
+    """How many entries at the end of the sorted vocabulary are the trainer's coverage
+    characters: single characters whose scores step down by 0 or ``_CHAR_PENALTY``, and the
+    character starting that run when its score is within the run's range."""
+    count = 0
+    for i in range(len(rest) - 1, 0, -1):
+        step = round(rest[i - 1][1] - rest[i][1], SCORE_DECIMALS)
+        if len(rest[i][0]) != 1 or step not in (0.0, _CHAR_PENALTY):
+            break
+        count += 1
+    if 0 < count < len(rest):
+        piece, score = rest[-count - 1]
+        if len(piece) == 1 and round(score - rest[-1][1], SCORE_DECIMALS) <= _CHAR_PENALTY * (count + 1):
+            count += 1
+    return count
 
 
 def unk_rate(tokenizer, cfg: TokenizerConfig) -> tuple[float, int]:
@@ -398,6 +450,7 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     source = cfg.source()
     if not source.dataset:
         corpus.resolve_files(source.files)  # a missing input is the first thing to say
+    storage.check_reachable(cfg.output, "--output", write=True)
     # Refuse before training, not after: only a folder of tokenizer files may be replaced.
     storage.check_replaceable(cfg.output.rstrip("/"), cfg.overwrite, FOLDER_FILES, "a tokenizer")
     start = time.perf_counter()

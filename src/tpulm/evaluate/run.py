@@ -71,8 +71,8 @@ class EvaluateConfig(FinetuneConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.seeds < 1:
-            raise TpulmError(f"seeds must be at least 1, got {self.seeds}")
+        config.check_at_least(self, 1, "seeds")
+        config.check_at_least(self, 0, "seed", "step")
         if (self.train_file is None) != (self.validation_file is None):
             raise TpulmError("a local-file task needs both --train-file and --validation-file")
 

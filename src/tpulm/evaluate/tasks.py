@@ -260,10 +260,16 @@ def _read_table(path: str):
         raise TpulmError(f"{path}: unknown file type {ext!r}; use {', '.join(readers)}")
     if not storage.exists(path):
         raise TpulmError(f"task file {path} does not exist")
+    data = storage.read_bytes(path)
+    if not data.strip():
+        raise TpulmError(f"task file {path} is empty; give it a header and rows (or JSON lines)")
     try:
-        return readers[ext](io.BytesIO(storage.read_bytes(path)))
+        table = readers[ext](io.BytesIO(data))
     except Exception as err:  # pandas/pyarrow parse errors
         raise TpulmError(f"cannot read {path} as {ext[1:]}: {err}") from None
+    if len(table) == 0:
+        raise TpulmError(f"task file {path} is empty (a header and no rows); add examples")
+    return table
 
 
 def _column(table, name: str, path: str):
@@ -277,16 +283,49 @@ def _texts(table, name: str, path: str) -> tuple[str, ...]:
     return tuple("" if v is None else str(v) for v in _column(table, name, path).tolist())
 
 
+def _row(path: str, index: int) -> str:
+    """A row as the user finds it: the line number in text files (CSV/TSV have a header)."""
+    ext = os.path.splitext(path)[1].lower()
+    line = index + (2 if ext in (".csv", ".tsv") else 1)
+    return f"{path} line {line}" if ext != ".parquet" else f"{path} row {index + 1}"
+
+
+def _check_labels(column, path: str, field: str) -> None:
+    """Every row has a label: None, NaN or an empty string would end deep in numpy (``cannot
+    convert float NaN to integer``) or train on garbage."""
+    for index, value in enumerate(column.tolist()):
+        if value is None or (isinstance(value, float) and value != value) or value == "":
+            raise TpulmError(f"{_row(path, index)} has no label (field {field!r} is missing, "
+                             "empty or NaN); give every row a label")
+
+
+def _class_value(value, path: str, index: int, field: str):
+    """A class label: a string or an integer (1.0 read from JSON is 1; 1.5 is no class)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, float) and not value.is_integer():
+        raise TpulmError(f"{_row(path, index)}: label {value!r} (field {field!r}) is not an "
+                         "integer class, while other labels are classes; use integer or string "
+                         "labels, or floats in every file for regression")
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TpulmError(f"{_row(path, index)}: label {value!r} (field {field!r}) is neither a "
+                         "string nor a number")
+    return int(value)
+
+
 def load_file_task(spec: FileTask) -> Task:
     """Read ``spec``'s files; float labels make a regression task, others a classification."""
     tables = {p: _read_table(p) for p in (spec.train_file, spec.validation_file)}
     raw = {p: _column(t, spec.label_field, p) for p, t in tables.items()}
+    for path, column in raw.items():
+        _check_labels(column, path, spec.label_field)
     regression = all(c.dtype.kind == "f" for c in raw.values())
     if regression:
         labels = {p: c.to_numpy(np.float32) for p, c in raw.items()}
         names: tuple[str, ...] = ()
     else:
-        values = {p: [v if isinstance(v, str) else int(v) for v in c.tolist()] for p, c in raw.items()}
+        values = {p: [_class_value(v, p, i, spec.label_field) for i, v in enumerate(c.tolist())]
+                  for p, c in raw.items()}
         train_set, valid_set = set(values[spec.train_file]), set(values[spec.validation_file])
         if train_set != valid_set:
             raise TpulmError(

@@ -90,6 +90,17 @@ class TrainConfig:
         if self.steps_per_execution < 0:
             raise TpulmError("steps_per_execution must be >= 0 (0: automatic)")
         config.check_choices(self)
+        self._check_masking()
+
+    def _check_masking(self) -> None:
+        """Rates are fractions (15 for 15% would fail deep in the masking), the seed >= 0."""
+        config.check_fraction(self, "mlm_probability", zero=False)
+        config.check_fraction(self, "mask_token_rate", "random_token_rate")
+        if self.mask_token_rate + self.random_token_rate > 1.0 + 1e-9:
+            raise TpulmError(
+                f"mask_token_rate + random_token_rate (--mask-token-rate, --random-token-rate) "
+                f"must be at most 1, got {self.mask_token_rate} + {self.random_token_rate}")
+        config.check_at_least(self, 0, "seed")
 
 
 @dataclasses.dataclass(frozen=True)

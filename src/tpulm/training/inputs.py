@@ -54,11 +54,20 @@ def open_shards(spec: str) -> ShardSet:
 
     Args:
         spec: a folder of ``dataset-<i>-<n>.tfrecord`` files or a glob of such files.
+
+    Raises:
+        TpulmError: the path cannot be reached, holds no shards, or a shard its manifest lists is
+            missing or has another size than written (named, with the command that repairs it).
     """
+    storage.check_reachable(spec, "shards")
     files = tuple(shards.resolve_shards(spec))
     manifest = shards.read_manifest(spec) if storage.isdir(spec) else None
-    if manifest is not None and len(files) == len(manifest.shards):
-        return ShardSet(spec, files, manifest.records, manifest.max_length, manifest)
+    if manifest is not None:
+        # The manifest is the list of what the split holds: training on the others without a
+        # word would silently train on less (and other) data than prepared.
+        shards.check_complete(spec, manifest)
+        listed = tuple(storage.join(spec, info.file) for info in manifest.shards)
+        return ShardSet(spec, listed, manifest.records, manifest.max_length, manifest)
     return ShardSet(spec, files, shards.records_in(list(files)), _peek_length(files[0]), manifest)
 
 

@@ -27,6 +27,8 @@ def resolve_tokenizer(run_dir: str, given: str | None) -> str:
         run_dir: the run dir.
         given: the ``--tokenizer`` setting, or None.
     """
+    storage.check_reachable(run_dir, "--run-dir", write=True)  # first: before any heavy work
+    storage.check_reachable(given, "--tokenizer")
     copy = storage.join(run_dir, rundir.TOKENIZER_DIR)
     has_copy = storage.exists(storage.join(copy, tokenizer.TOKENIZER_FILE))
     if has_copy and given and tokenizer.fingerprint(given) != tokenizer.fingerprint(copy):
@@ -65,6 +67,7 @@ def resolve_model(
     if not saved:
         return wanted
     existing = config.from_mapping(ModelConfig, saved, f"[model] of {path}")
+    _check_same_shape(run_dir, preset, wanted, existing)
     # An imported model may have a padded vocabulary: at least the tokenizer's is enough.
     if existing.vocab_size < vocab_size or existing.pad_token_id != pad_id:
         raise TpulmError(
@@ -77,6 +80,27 @@ def resolve_model(
             "use a new --run-dir, or drop the [model] settings to resume it"
         )
     return existing
+
+
+_SHAPE_FIELDS = ("architecture", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+
+
+def _check_same_shape(run_dir: str, preset: str, wanted, existing) -> None:
+    """A run dir resumed with another ``--model`` stops, naming the sizes that differ.
+
+    The default preset counts as "not given" (rerunning ``tpulm train --run-dir DIR`` resumes
+    whatever DIR holds), so only a preset the user named is compared.
+    """
+    from tpulm.training.config import TrainConfig
+
+    if preset == TrainConfig.model:  # the dataclass default: not chosen by the user
+        return
+    differ = [f"{name} {getattr(existing, name)} (--model {preset}: {getattr(wanted, name)})"
+              for name in _SHAPE_FIELDS if getattr(existing, name) != getattr(wanted, name)]
+    if differ:
+        raise TpulmError(
+            f"{run_dir} holds another model than --model {preset}: " + ", ".join(differ)
+            + "; use a new --run-dir, or drop --model to resume the model it holds")
 
 
 def check_shards(shard_set: ShardSet, tok: tokenizer.TokenizerFolder, model_cfg, what: str) -> None:
