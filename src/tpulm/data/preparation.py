@@ -62,7 +62,7 @@ class PrepareConfig:
     def __post_init__(self) -> None:
         low, high = MAX_LENGTH_RANGE
         if not low <= self.max_length <= high:
-            raise TpulmError(f"max_length (--max-length) must be in [{low}, {high}], got {self.max_length}")
+            raise TpulmError(f"max_length {self.max_length} is out of range [{low}, {high}] (--max-length)")
         config.check_at_least(self, 1, "shard_size", "batch_size")
 
     def sources(self) -> dict[str, corpus.Source]:

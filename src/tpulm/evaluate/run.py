@@ -179,6 +179,8 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     backends.activate(cfg.backend)  # before anything imports Keras
     if not cfg.model:
         raise TpulmError("no model given: pass a run dir, checkpoint folder or export folder")
+    storage.check_reachable(cfg.model, "model")  # in seconds, not after fine-tuning
+    storage.check_reachable(cfg.output, "--output", write=True)
     tasks = load_tasks(cfg)
     loaded = trained_model.load(cfg.model, cfg.step)
     tok = tokenizer.open_folder(loaded.tokenizer_dir)

@@ -44,6 +44,8 @@ def export(settings: ExportConfig) -> str:
         settings: what to export and where.
     """
     out_dir = settings.out_dir or storage.join(settings.run_dir, rundir.EXPORT_DIR)
+    storage.check_reachable(settings.run_dir, "--run-dir")
+    storage.check_reachable(out_dir, "--out-dir", write=True)
     step = write_export(settings.run_dir, out_dir, settings.step, settings.overwrite,
                         repo_id=settings.push_to_hub)
     log.info("exported step %d of %s to %s", step, settings.run_dir, out_dir)
