@@ -259,3 +259,30 @@ def test_vocabulary_smaller_than_the_alphabet_is_explained(tmp_path, wikitext_di
     with pytest.raises(TpulmError, match=r"--vocab-size 10 is smaller than the corpus's alphabet"):
         tokenizer.run(TokenizerConfig(inputs=(str(text),), output=str(out), vocab_size=10))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("model", ["bpe", "wordpiece"])
+def test_other_models_report_a_vocabulary_shortfall_as_unigram(tmp_path, wikitext_dir, capsys, model):
+    lines = nonempty_lines(wikitext_dir / "valid.txt")[:40]
+    (tmp_path / "small.txt").write_text("\n".join(lines), encoding="utf-8")
+    out = str(tmp_path / "tok")
+    assert cli.main(["tokenizer", "train", str(tmp_path / "small.txt"), "--vocab-size", "32000",
+                     "--model", model, "--output", out]) == 0
+    obtained = tokenizer.open_folder(out).vocab_size
+    assert obtained < 32000
+    assert (f"note: asked for a vocabulary of 32000, got {obtained}: the corpus supports only "
+            f"{obtained} tokens") in capsys.readouterr().out
+
+
+def test_unigram_training_gives_the_same_file_every_time(tmp_path, wikitext_dir):
+    """The Rust trainer's hash-map order used to leak into the scores and the order of the
+    coverage characters: three runs, three files, three fingerprints."""
+    lines = (wikitext_dir / "valid.txt").read_text(encoding="utf-8").splitlines()[:1200]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines), encoding="utf-8")
+    cfg = TokenizerConfig(inputs=(str(tmp_path / "corpus.txt"),), vocab_size=500)
+    files = [tokenizer.train(cfg)[0].to_str() for _ in range(2)]  # differed 3 times out of 3
+    assert files[0] == files[1]
+    vocab = json.loads(files[0])["model"]["vocab"]
+    scores = [score for _, score in vocab[5:]]
+    assert scores == sorted(scores, reverse=True)  # still ordered by score: ids follow frequency
+    assert [piece for piece, _ in vocab[:5]] == ["[CLS]", "[SEP]", "<unk>", "<pad>", "[MASK]"]
