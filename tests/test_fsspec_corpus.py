@@ -124,3 +124,23 @@ def test_local_and_ram_paths_keep_their_readers(tmp_path):
     storage.write_text("ram://tpulm-fsspec-test/a.txt", "one\n\ntwo\n")
     source = corpus.Source(files=("ram://tpulm-fsspec-test/*.txt",))
     assert list(corpus.iter_samples(source)) == ["one", "", "two"]
+
+
+def test_unreachable_output_fails_before_reading_the_emulator_corpus(gcs, local_corpus, tmp_path):
+    """A corpus the emulator serves, and outputs on a store this process cannot reach (TensorFlow's
+    GCS client ignores the emulator and has no network or credentials here): each stage stops in
+    seconds with the store's reason, before training or tokenizing anything."""
+    import time
+
+    remote = upload(gcs, local_corpus)
+    tok = str(tmp_path / "tok")
+    tokenizer.run(tokenizer.TokenizerConfig(
+        inputs=(str(local_corpus / "logging.txt"),), output=tok, vocab_size=600, unk_rate_samples=1))
+    out = f"gs://{BUCKET}-unreachable/data"
+    start = time.monotonic()
+    with pytest.raises(TpulmError, match=rf"^--output {out}.*(cannot be reached|does not exist)"):
+        prepare.run(PrepareConfig(tokenizer=tok, output=out, train_files=(f"{remote}/*.txt",),
+                                  progress=False))
+    with pytest.raises(TpulmError, match=rf"^--output {out}/tok"):
+        tokenizer.run(tokenizer.TokenizerConfig(inputs=(f"{remote}/*.txt",), output=f"{out}/tok"))
+    assert time.monotonic() - start < 30
