@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, trained_model
+from tpulm import config, storage, trained_model
 from tpulm.data.tokenizer import open_folder
 from tpulm.errors import TpulmError
 
@@ -145,6 +145,7 @@ def run(settings: FillMaskConfig) -> list[Any]:
     """Load ``settings.model`` and fill the masks of ``settings.texts``."""
     if not settings.texts:
         raise TpulmError("no text given: pass texts with the mask token, or pipe them to stdin")
+    storage.check_reachable(settings.model, "model")  # one line, not a raw TensorFlow error
     predictor = load_predictor(settings.model, settings.step)
     return fill_mask(predictor, list(settings.texts), settings.top_k)
 

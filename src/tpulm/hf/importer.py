@@ -32,6 +32,8 @@ def import_checkpoint(settings: ImportConfig) -> str:
         The path of the written ``model.safetensors``.
     """
     hf_dir, run_dir = settings.hf_dir, settings.run_dir
+    storage.check_reachable(hf_dir, "model folder")
+    storage.check_reachable(run_dir, "--run-dir", write=True)
     hf_cfg, config_path = folder.read_config(hf_dir)
     model_cfg = model_config_from_hf(hf_cfg, config_path)
     if not storage.exists(storage.join(hf_dir, TOKENIZER_FILE)):
