@@ -269,7 +269,7 @@ def test_bad_inputs_are_clear_errors_and_write_nothing(tmp_path, tok_dir, wikite
     short.write_text("just a few words\n", encoding="utf-8")
     cases = [
         ({"train_files": (str(tmp_path / "missing.txt"),)}, r"missing.txt matches no file"),
-        ({"train_files": (str(empty),)}, r"no \(non-empty\) samples in .*empty.txt"),
+        ({"train_files": (str(empty),)}, r"the corpus is empty: no \(non-empty\) samples in .*empty.txt"),
         ({"train_files": (str(bad),)}, r"bad.txt is not valid UTF-8 at byte 19 .*--encoding-errors replace"),
         ({"train_files": (str(short),)}, r"fewer than one block of max_length 128; lower --max-length"),
         ({}, r"no input: pass --train-files"),

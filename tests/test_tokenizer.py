@@ -212,7 +212,7 @@ def test_bad_inputs_write_nothing(tmp_path):
     bad.write_bytes(b"fine\n\xe2\x28\xa1 broken\n")
     cases = [
         (str(tmp_path / "missing.txt"), r"missing.txt matches no file"),
-        (str(empty), r"no \(non-empty\) samples"),
+        (str(empty), r"the corpus is empty: no \(non-empty\) samples in .*empty.txt"),
         (str(bad), r"bad.txt is not valid UTF-8 at byte 5"),
     ]
     for path, message in cases:

@@ -217,7 +217,7 @@ def _finish(infos, layout, plan, cfg, vocab_size):
     tokens = layout["tokens"]
     where = preparation.where(plan.source)
     if tokens == 0:
-        return _record_error(plan, f"no (non-empty) samples in {where}; check the input")
+        return _record_error(plan, f"the corpus is empty: no (non-empty) samples in {where}; check the input")
     if not infos:
         return _record_error(
             plan, f"{where} has {tokens} tokens, fewer than one block of max_length "

@@ -202,7 +202,7 @@ def prepare_split(plan: preparation.Plan, cfg: PrepareConfig, tok, pad_id: int, 
     start = time.perf_counter()
     packer, dropped, added = _pack_all(plan, cfg, tok, state, pad_id)
     if packer.pos == 0:
-        raise TpulmError(f"no (non-empty) samples in {preparation.where(plan.source)}; check the input")
+        raise TpulmError(f"the corpus is empty: no (non-empty) samples in {preparation.where(plan.source)}; check the input")
     if not packer.done:
         raise TpulmError(
             f"{preparation.where(plan.source)} has {packer.pos} tokens, fewer than one block of max_length "

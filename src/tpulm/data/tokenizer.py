@@ -305,7 +305,9 @@ def train(cfg: TokenizerConfig):
     if batches.error is not None:
         raise batches.error
     if batches.samples == 0:
-        raise TpulmError("the corpus has no (non-empty) samples; check the input files")
+        where = ", ".join(cfg.inputs) or f"dataset {cfg.dataset}"
+        raise TpulmError(f"the corpus is empty: no (non-empty) samples in {where}; check the "
+                         "input files")
     if cfg.model == "unigram":
         tokenizer = canonical_unigram(tokenizer, len(recipe.tokens))
     cls, sep = recipe.roles["cls_token"], recipe.roles["sep_token"]
