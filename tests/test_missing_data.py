@@ -118,3 +118,15 @@ def test_cli_train_on_a_split_with_a_missing_shard_is_one_line(prepared, tmp_pat
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("tpulm: error: ")
     assert f"{victim} is missing" in lines[0] and "tpulm data prepare" in lines[0]
+
+
+def test_inspect_reports_a_shard_of_another_size(prepared):
+    from tpulm.data import inspect
+
+    _, split = prepared
+    info = shards.read_manifest(str(split)).shards[0]
+    path = split / info.file
+    path.write_bytes(path.read_bytes()[:-5])
+    report = inspect.run(inspect.InspectConfig(path=str(split), decode=0))
+    assert not report.ok
+    assert any(f"{info.file} has {info.bytes - 5} bytes" in p for p in report.splits[0].problems)

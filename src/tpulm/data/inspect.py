@@ -126,6 +126,8 @@ def _check_manifest(report: SplitReport, manifest, per_file: dict[str, int | Non
                 f"{name}: manifest says {info.records} records/{info.tokens} tokens, "
                 f"file holds {shards.parse_shard_name(name)[1]}/{tokens}"
             )
+    report.problems.extend(p for p in shards.damaged_shards(report.path, manifest)
+                           if not p.endswith(" is missing"))  # missing ones are listed above
     if tok is not None:
         if tok.fingerprint != manifest.tokenizer_fingerprint:
             report.problems.append(f"manifest's tokenizer fingerprint differs from {tok.path}")
