@@ -322,7 +322,7 @@ def test_xla_and_mixed_bfloat16():
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert {v.dtype for v in half.weights} == {"float32"}
-    assert half.blocks[1].wqkv.compute_dtype == "bfloat16"
+    assert half.backbone.blocks[1].wqkv.compute_dtype == "bfloat16"
     half.set_weights(model.get_weights())
     got, ref = keras_logits(half, batch), keras_logits(model, batch)
     assert got.dtype == np.float32

@@ -1,7 +1,7 @@
 """Sizes of a masked language model (``ModelConfig``), shipped presets and a run dir's model.
 
 Keras-free: reading a config, a preset or a run dir's ``[model]`` table imports no Keras or
-TensorFlow; the networks live beside it (:mod:`tpulm.model.roberta`).
+TensorFlow; the networks live beside it (:mod:`tpulm.model.networks` builds them).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a RoBERTa masked language model (the ``[model]`` table of a config file)."""
+    """Sizes of a masked language model, RoBERTa or ModernBERT (the ``[model]`` table of a config
+    file)."""
 
     vocab_size: int = dataclasses.field(
         metadata={"help": "vocabulary size; always taken from the tokenizer", "cli": False})
