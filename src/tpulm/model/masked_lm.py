@@ -38,6 +38,11 @@ from tpulm.model.config import ModelConfig
 from tpulm.model.ops import gather_positions
 
 
+def as_model_config(cfg: ModelConfig | dict[str, Any]) -> ModelConfig:
+    """``cfg``, or the config of its fields (a dict, as ``get_config`` saves it)."""
+    return cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+
+
 class ConfigLayer(keras.layers.Layer):
     """A layer whose one setting is the model config; ``get_config``/``from_config`` round-trip.
 
@@ -47,7 +52,7 @@ class ConfigLayer(keras.layers.Layer):
 
     def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+        self.cfg = as_model_config(cfg)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
@@ -72,8 +77,8 @@ class Backbone(ConfigLayer):
 class MaskedLMHead(ConfigLayer):
     """``norm(dense(x))``, then the decoder tied to the word table, plus an optional bias.
 
-    Subclasses create ``self.dense`` and ``self.norm`` (named as the weight maps expect) and set
-    ``bias_name`` (None: no decoder bias).
+    Subclasses define :meth:`dense_and_norm` (layers named as the weight maps expect) and
+    ``bias_name``, the decoder bias variable's name (None: no decoder bias).
 
     Args:
         cfg: the model config.
@@ -81,12 +86,17 @@ class MaskedLMHead(ConfigLayer):
             its variable lives in the embedding layer only).
     """
 
-    bias_name: ClassVar[str | None] = "bias"
+    bias_name: str | None = "bias"
 
     def __init__(self, cfg: ModelConfig | dict[str, Any], token_embedding: keras.layers.Embedding,
                  **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self.token_embedding = token_embedding
+        self.dense, self.norm = self.dense_and_norm()
+
+    def dense_and_norm(self) -> tuple[keras.layers.Dense, keras.layers.LayerNormalization]:
+        """The head's transform before the decoder: ``(dense with activation, LayerNorm)``."""
+        raise NotImplementedError(f"{type(self).__name__} must define dense_and_norm")
 
     def build(self, input_shape) -> None:
         self.dense.build(input_shape)
@@ -124,7 +134,7 @@ class MaskedLM(keras.Model):
 
     def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+        self.cfg = as_model_config(cfg)
         self.backbone = self.backbone_class(self.cfg, name="backbone", dtype=self.dtype_policy)
         self.lm_head = self.head_class(self.cfg, self.backbone.token_embedding,
                                        name=self.head_name, dtype=self.dtype_policy)

@@ -193,25 +193,22 @@ class ModernBertBlock(ConfigLayer):
 
 class ModernBertHead(MaskedLMHead):
     """``norm(act(dense(x)))`` then the decoder tied to the token embeddings, plus
-    ``decoder_bias`` when ``cfg.decoder_bias``.
+    ``decoder_bias`` when ``cfg.decoder_bias``."""
 
-    Args:
-        cfg: the model config.
-        token_embedding: the backbone's ``tok_embeddings`` layer (the tied decoder).
-    """
+    @property
+    def bias_name(self) -> str | None:
+        return "decoder_bias" if self.cfg.decoder_bias else None
 
-    def __init__(self, cfg: ModelConfig | dict[str, Any], token_embedding: keras.layers.Embedding,
-                 **kwargs: Any) -> None:
-        super().__init__(cfg, token_embedding, **kwargs)
+    def dense_and_norm(self) -> tuple[keras.layers.Dense, keras.layers.LayerNormalization]:
         cfg = self.cfg
-        self.bias_name = "decoder_bias" if cfg.decoder_bias else None
         std_out = cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
-        self.dense = keras.layers.Dense(
+        dense = keras.layers.Dense(
             cfg.hidden_size, use_bias=cfg.classifier_bias, activation=_activation(cfg.activation),
             kernel_initializer=CutTruncatedNormal(std_out, cfg.initializer_cutoff_factor),
             name="dense", dtype=self.dtype_policy)
-        self.norm = keras.layers.LayerNormalization(
+        norm = keras.layers.LayerNormalization(
             epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="norm", dtype=self.dtype_policy)
+        return dense, norm
 
 
 class ModernBertBackbone(Backbone):

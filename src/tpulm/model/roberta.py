@@ -163,23 +163,15 @@ class RobertaBlock(ConfigLayer):
 
 
 class RobertaHead(MaskedLMHead):
-    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus ``bias``.
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus ``bias``."""
 
-    Args:
-        cfg: the model config.
-        token_embedding: the backbone's ``word_embeddings`` layer (the tied decoder).
-    """
-
-    def __init__(self, cfg: ModelConfig | dict[str, Any], token_embedding: keras.layers.Embedding,
-                 **kwargs: Any) -> None:
-        super().__init__(cfg, token_embedding, **kwargs)
-        cfg = self.cfg
-        self.dense = keras.layers.Dense(
-            cfg.hidden_size, activation=_gelu,
-            kernel_initializer=_initializer(cfg.initializer_range), name="dense",
-            dtype=self.dtype_policy)
-        self.norm = keras.layers.LayerNormalization(
-            epsilon=cfg.layer_norm_eps, name="layer_norm", dtype=self.dtype_policy)
+    def dense_and_norm(self) -> tuple[keras.layers.Dense, keras.layers.LayerNormalization]:
+        dense = keras.layers.Dense(
+            self.cfg.hidden_size, activation=_gelu, name="dense", dtype=self.dtype_policy,
+            kernel_initializer=_initializer(self.cfg.initializer_range))
+        norm = keras.layers.LayerNormalization(
+            epsilon=self.cfg.layer_norm_eps, name="layer_norm", dtype=self.dtype_policy)
+        return dense, norm
 
 
 class RobertaBackbone(Backbone):
