@@ -52,7 +52,8 @@ def test_variable_paths_are_the_weight_map_and_pinned(architecture):
     assert set(PINNED[architecture]) <= set(paths)
     assert not [p for p in paths if "backbone" in p]
     assert paths[0] == TABLE[architecture]  # the backbone first, the head's variables last
-    assert paths[-len(model.lm_head.own_weights()):] == [v.path for v in model.lm_head.own_weights()]
+    head = [v.path for v in model.lm_head.own_weights()]
+    assert paths[-len(head):] == head
     rows = convert.MAPS[architecture].weight_map(model.cfg)
     assert {p.split("/", 1)[1] for p in paths} == {keras_path for keras_path, _, _ in rows}
 

@@ -70,7 +70,7 @@ class Backbone(ConfigLayer):
         self.build_layers()
 
     def build_layers(self) -> None:
-        """Create the sublayers' variables in the current name scope (see :meth:`MaskedLM.build`)."""
+        """Create the sublayers' variables in the caller's name scope (:meth:`MaskedLM.build`)."""
         raise NotImplementedError(f"{type(self).__name__} must define build_layers")
 
 
