@@ -167,10 +167,10 @@ def add_arguments(
             kwargs.update(nargs="+", type=item, metavar=field.name.upper())
         elif base is bool:
             kwargs.update(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
+        elif "choices" in field.metadata:  # no metavar: --help shows {a,b,c}
+            kwargs.update(type=base, choices=field.metadata["choices"])
         else:
             kwargs.update(type=base, metavar=field.name.upper())
-        if "choices" in field.metadata:
-            kwargs["choices"] = field.metadata["choices"]
         group.add_argument(_flag(field.name), **kwargs)
 
 

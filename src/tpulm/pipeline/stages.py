@@ -1,49 +1,45 @@
-"""``tpulm run``: every stage in order, into one work dir, from one TOML config.
+"""``tpulm run``: tpulm's stages wired for the engine (:mod:`tpulm.pipeline.engine`), from one
+TOML config, into one work dir.
 
 Stages: corpus (the embedded demo corpus, when no files or dataset are named) -> tokenizer ->
-data (shards) -> train -> export -> report -> fill-mask. Each stage is also a command of its own;
-here they are chained with paths derived from the work dir::
+data (shards) -> train -> export -> evaluate (when tasks are named) -> report; then fill-mask.
+Each stage is also a command of its own; here they are chained with paths derived from the work
+dir::
 
     WORK/corpus/      demo corpus (train/validation/test .txt), only for corpus = "builtin"
     WORK/tokenizer/   tokenizer folder
     WORK/data/        shards, one folder per split
-    WORK/run/         run dir: checkpoints, metrics, report.png/html, export/
+    WORK/run/         run dir: checkpoints, metrics, report.png/html, export/, eval/
     WORK/stages/      one record per stage: the settings it ran with, their key, whether done
 
-A stage's key hashes its own settings and the keys of the stages it reads from. On a rerun a stage
-whose record is complete with the same key is skipped; one that was interrupted runs again with
-the same key and resumes by itself (shards and checkpoints are resumable); a stage whose key
-changed has its outputs removed and runs afresh, and so, through the key chain, does every stage
-downstream of it — and only those. The train stage is the exception: its checkpoints are never
-removed unless the user asks (``--restart train``); a change of settings training can continue
-with (``CONTINUABLE_TRAIN``: more steps, other logging) continues from the latest checkpoint,
-any other change stops before anything is touched.
+Each stage's settings are its table, resolved; the engine skips, resumes or reruns stages by them.
+The train stage is precious: its checkpoints are never removed unless the user asks
+(``--restart train``); a change of settings training can continue with (``CONTINUABLE_TRAIN``:
+more steps, other logging) continues from the latest checkpoint, any other change stops before
+anything is touched. Nothing here prints: :func:`run` returns the results and the CLI shows them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import sys
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from tpulm import config, rundir, storage
 from tpulm.errors import TpulmError
+from tpulm.pipeline.engine import Stage, execute
 
 log = logging.getLogger(__name__)
 
 CORPUS_CHOICES = ("builtin", "files", "dataset")
-STAGES_DIR = "stages"
 # [train] settings a run can change and continue from its latest checkpoint (more steps, other
 # logging or placement); any other change to the train stage needs --restart train.
 CONTINUABLE_TRAIN = frozenset(f"train.{name}" for name in (
     "max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
     "progress", "jit_compile", "steps_per_execution", "peak_tflops", "push_to_hub", "backend",
     "deterministic"))
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,198 +70,28 @@ class RunConfig:
         if self.dataset and self.corpus != "dataset":
             object.__setattr__(self, "corpus", "dataset")
         if self.corpus == "files" and not self.train_files:
-            raise ValueError("corpus = 'files' needs train_files")
+            raise TpulmError("corpus = 'files' needs train_files")
         if self.corpus == "dataset" and not self.dataset:
-            raise ValueError("corpus = 'dataset' needs dataset = 'NAME' or 'NAME:CONFIG'")
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """One step of the pipeline: what it runs, the folder it owns, and what it reads from.
-
-    ``precious`` outputs (a run's checkpoints) are never removed unless the user names the stage
-    in ``restart``; a change of only ``continuable`` settings keeps them and the stage continues
-    from where it stopped (``tpulm train`` resumes its latest checkpoint).
-    """
-
-    name: str
-    run: Callable[[], Any]
-    settings: Mapping[str, Any]  # everything that changes its output
-    outputs: tuple[str, ...]  # removed when the settings change
-    upstream: tuple[str, ...] = ()
-    precious: bool = False
-    continuable: frozenset[str] = frozenset()  # "table.key" settings a rerun can continue with
-
-
-def key_of(settings: Mapping[str, Any], upstream_keys: list[str]) -> str:
-    """A stable hash of a stage's settings and the keys of the stages it reads from."""
-    text = json.dumps({"settings": settings, "upstream": upstream_keys}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _record_path(work_dir: str, name: str) -> str:
-    return storage.join(work_dir, STAGES_DIR, f"{name}.json")
-
-
-def read_record(work_dir: str, name: str) -> dict[str, Any] | None:
-    path = _record_path(work_dir, name)
-    if not storage.exists(path):
-        return None
-    try:
-        return json.loads(storage.read_text(path))
-    except ValueError:
-        return None  # a damaged record only costs a rerun of its stage
-
-
-def write_record(work_dir: str, name: str, key: str, complete: bool,
-                 settings: Mapping[str, Any] | None = None,
-                 upstream: Mapping[str, str] | None = None) -> None:
-    """Write ``WORK/stages/NAME.json``: the key, whether done, and the settings it ran with."""
-    storage.makedirs(storage.join(work_dir, STAGES_DIR))
-    record = {"key": key, "complete": complete, "settings": dict(settings or {}),
-              "upstream": dict(upstream or {})}
-    text = json.dumps(record, indent=1, sort_keys=True, default=str)
-    storage.write_text(_record_path(work_dir, name), text + "\n")
-
-
-def changed_settings(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted names of the settings that differ between two (nested) settings mappings."""
-    if isinstance(old, Mapping) and isinstance(new, Mapping):
-        names = []
-        for key in sorted(set(old) | set(new), key=str):
-            names += changed_settings(old.get(key), new.get(key), f"{prefix}{key}.")
-        return names
-    return [] if old == new else [prefix.rstrip(".")]
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """What ``execute`` does with one stage, and the log line that says why."""
-
-    action: str  # skip | resume | run | continue | rerun
-    reason: str
-
-
-def decide(stage: Stage, key: str, upstream: dict[str, str], record: dict | None,
-           restart: Collection[str]) -> Decision:
-    """The decision for one stage from its record and the keys of its upstream stages."""
-    if stage.name in restart:
-        return Decision("rerun", "restarted (--restart), removing its old outputs")
-    if record is None:
-        return Decision("run", "running")
-    if record.get("key") == key:
-        return Decision("skip", "complete, skipped") if record.get("complete") else \
-            Decision("resume", "resuming")
-    changed = changed_settings(record.get("settings"), stage.settings) if "settings" in record \
-        else ["unrecorded settings of an older tpulm"]
-    moved = [u for u in stage.upstream if record.get("upstream", {}).get(u) != upstream[u]]
-    why = (f"settings changed ({', '.join(changed)})" if changed or not moved
-           else f"rerun because {', '.join(moved)} changed")
-    if not stage.precious:
-        return Decision("rerun", f"{why}, removing its old outputs")
-    if not moved and changed and set(changed) <= stage.continuable:
-        return Decision("continue", f"{why}: continuing from its outputs")
-    blocking = [c for c in changed if c not in stage.continuable] + [f"stage {u}" for u in moved]
-    raise TpulmError(
-        f"stage {stage.name}: {', '.join(blocking)} changed, so its outputs ({', '.join(stage.outputs)}) "
-        f"cannot continue; nothing was touched. Pass --restart {stage.name} to remove them and "
-        f"start it over, or undo the change, or use another --work-dir")
-
-
-def plan_actions(stages: list[Stage], work_dir: str, restart: Collection[str] = ()):
-    """Each stage with its key, upstream keys and :class:`Decision`, decided before anything runs.
-
-    Raises:
-        TpulmError: a precious stage would lose its outputs without the user asking.
-    """
-    names = {stage.name for stage in stages}
-    unknown = sorted(set(restart) - names)
-    if unknown:
-        raise TpulmError(f"--restart {', '.join(unknown)}: no such stage; stages: {', '.join(names)}")
-    keys: dict[str, str] = {}
-    rerun: set[str] = set()
-    actions = []
-    for stage in stages:
-        upstream = {u: keys[u] for u in stage.upstream}
-        key = keys[stage.name] = key_of(stage.settings, list(upstream.values()))
-        decision = decide(stage, key, upstream, read_record(work_dir, stage.name), restart)
-        fresh = sorted(rerun & set(stage.upstream))  # restarted upstream, same key
-        if decision.action == "skip" and fresh:
-            decision = (Decision("continue", f"{', '.join(fresh)} reran: continuing from its outputs")
-                        if stage.precious else
-                        Decision("rerun", f"rerun because {', '.join(fresh)} reran"))
-        if decision.action == "rerun":
-            rerun.add(stage.name)
-        actions.append((stage, key, upstream, decision))
-    return actions
-
-
-def _refuse_foreign_outputs(stages: list[Stage], work_dir: str) -> None:
-    """Before anything runs: a stage that never ran in this work dir must find its output folders
-    missing or empty; what is there is not tpulm's, and a later change of settings would remove
-    it with the stage's outputs."""
-    for stage in stages:
-        if not storage.exists(_record_path(work_dir, stage.name)):
-            for path in stage.outputs:
-                storage.check_replaceable(path, overwrite=False, ours=())
-
-
-def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = ()) -> dict[str, Any]:
-    """Run ``stages`` in order, skipping complete ones; returns each stage's result (or None).
-
-    Every decision is taken (and every refusal raised) before the first stage runs or any output
-    is removed.
-    """
-    actions = plan_actions(stages, work_dir, restart)
-    _refuse_foreign_outputs(stages, work_dir)
-    results: dict[str, Any] = {}
-    for stage, key, upstream, decision in actions:
-        log.info("stage %s: %s", stage.name, decision.reason)
-        if decision.action == "skip":
-            results[stage.name] = None
-            continue
-        if decision.action == "rerun":
-            for path in stage.outputs:
-                if storage.exists(path):
-                    storage.rmtree(path)
-        write_record(work_dir, stage.name, key, False, stage.settings, upstream)
-        results[stage.name] = stage.run()
-        write_record(work_dir, stage.name, key, True, stage.settings, upstream)
-    return results
-
-
-# ---------------------------------------------------------------------------------------------
-# The tpulm stages, wired together.
+            raise TpulmError("corpus = 'dataset' needs dataset = 'NAME' or 'NAME:CONFIG'")
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """Where each stage writes inside the work dir."""
+    """Where each stage writes inside the work dir (see the module docstring)."""
 
     work_dir: str
+    corpus: str
+    tokenizer: str
+    data: str
+    run: str
+    export: str
 
-    def path(self, name: str) -> str:
-        return storage.join(self.work_dir, name)
-
-    @property
-    def corpus(self) -> str:
-        return self.path("corpus")
-
-    @property
-    def tokenizer(self) -> str:
-        return self.path("tokenizer")
-
-    @property
-    def data(self) -> str:
-        return self.path("data")
-
-    @property
-    def run(self) -> str:
-        return self.path("run")
-
-    @property
-    def export(self) -> str:
-        return storage.join(self.run, rundir.EXPORT_DIR)
+    @classmethod
+    def of(cls, work_dir: str) -> Layout:
+        """The layout of ``work_dir``."""
+        run = storage.join(work_dir, "run")
+        corpus, tokenizer, data = (storage.join(work_dir, name) for name in ("corpus", "tokenizer", "data"))
+        return cls(work_dir, corpus, tokenizer, data, run, storage.join(run, rundir.EXPORT_DIR))
 
 
 def split_inputs(run: RunConfig, layout: Layout) -> dict[str, Any]:
@@ -294,13 +120,6 @@ def _log_result(result):
     return result
 
 
-def _log_evaluation(result):
-    from tpulm.evaluate.run import format_table
-
-    print(format_table(result.tasks), flush=True)
-    return result
-
-
 def check_model(preset: str, model_table: Mapping[str, Any], tok_cfg, where: str) -> None:
     """Validate the ``[model]`` table now (unknown keys, types, sizes), before any stage runs;
     vocab size and pad id, which come from the trained tokenizer, are stood in for."""
@@ -315,7 +134,7 @@ def check_model(preset: str, model_table: Mapping[str, Any], tok_cfg, where: str
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class RunPlan:
     """A resolved root config: the run settings, the stages, and the fill-mask prompts."""
 
     run: RunConfig
@@ -324,7 +143,7 @@ class Plan:
     prompts: tuple[str, ...]
 
 
-def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
+def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> RunPlan:
     """Resolve a root config ``{table: {key: value}}`` (read from ``where``) into stages."""
     unknown = sorted(set(tables) - set(config.TABLES))
     if unknown:
@@ -336,7 +155,7 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
     from tpulm.hf import export
 
     run = config.from_mapping(RunConfig, tables.get("run", {}), f"[run] of {where}")
-    layout = Layout(run.work_dir)
+    layout = Layout.of(run.work_dir)
     tok_cfg = config.resolve(
         tokenizer.TokenizerConfig, None, tables.get("tokenizer", {}), f"[tokenizer] of {where}",
         output=layout.tokenizer, overwrite=True, **tokenizer_inputs(run, layout))
@@ -369,7 +188,7 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
               {}, (layout.export,), ("train",)),
     ]
     if eval_cfg.tasks or eval_cfg.train_file:  # downstream scores, shown by the report
-        stages.append(Stage("evaluate", lambda: _log_evaluation(evaluate.run(eval_cfg)),
+        stages.append(Stage("evaluate", lambda: evaluate.run(eval_cfg),
                             config.as_table(eval_cfg), (storage.join(layout.run, "eval"),),
                             ("export",)))
     if run.report:
@@ -377,39 +196,51 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> Plan:
         stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream))
     prompts = run.fill_mask or (
         tuple(prompt for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS) if builtin else ())
-    return Plan(run, layout, stages, prompts)
+    return RunPlan(run, layout, stages, prompts)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What ``tpulm run`` did.
+
+    Attributes:
+        plan: the resolved config: settings, layout, stages and prompts.
+        stages: each stage's result by name (None for a skipped stage).
+        answers: the fill-mask answers, one list per prompt of ``plan.prompts``.
+    """
+
+    plan: RunPlan
+    stages: dict[str, Any]
+    answers: list
 
 
 def run(tables: Mapping[str, Mapping[str, Any]], where: str,
-        restart: Collection[str] = ()) -> dict[str, Any]:
+        restart: Collection[str] = ()) -> RunResult:
     """Run every stage of a root config, then answer its fill-mask prompts.
 
     Every table is validated, and every stage's decision taken, before any output is touched.
 
     Args:
         tables: the root config, ``{table: {key: value}}`` with tables run, tokenizer, data,
-            model and train.
+            model, train and evaluate.
         where: where the tables came from, for error messages.
         restart: stages to start over (their outputs removed), e.g. ``("train",)``.
 
     Returns:
-        Each stage's result (None for skipped stages), and ``fill-mask``: the answers.
+        The stages' results and the fill-mask answers.
     """
     from tpulm import fill_mask
 
     resolved = plan(tables, where)
     results = execute(resolved.stages, resolved.run.work_dir, restart)
+    answers = []
     if resolved.prompts:
         predictor = fill_mask.load_predictor(resolved.layout.export)
         answers = fill_mask.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
-        for text, answer in zip(resolved.prompts, answers):
-            print(fill_mask.format_result(text, answer), flush=True)
-        results["fill-mask"] = answers
-    print(outputs_summary(resolved), flush=True)
-    return results
+    return RunResult(resolved, results, answers)
 
 
-def outputs_summary(resolved: Plan) -> str:
+def outputs_summary(resolved: RunPlan) -> str:
     """The closing lines of ``tpulm run``: where its outputs went."""
     layout = resolved.layout
     lines = [f"outputs in {layout.work_dir}:",
