@@ -107,7 +107,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     values = {k: _coerce(v, types_[k], k, where) for k, v in data.items()}
     try:
         return cls(**values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, TpulmError) as err:  # a missing setting, or a failed check
         raise TpulmError(f"invalid settings in {where}: {err}") from None
 
 
