@@ -41,7 +41,7 @@ class FillMaskConfig:
 class Predictor:
     """A loaded model with its tokenizer, ready for :func:`fill_mask`."""
 
-    model: Any  # keras.Model from tpulm.model.roberta.build_model
+    model: Any  # keras.Model from tpulm.model.networks.build_model (RoBERTa or ModernBERT)
     tokenizer: Any  # tokenizers.Tokenizer
     mask_id: int
     pad_id: int

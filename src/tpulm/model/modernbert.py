@@ -40,7 +40,7 @@ the head's dense; biases 0, LayerNorm gains 1. The decoder shares the embedding 
 keeps the embedding std (Transformers would re-initialise the tied tensor with the "out" std
 last; the table is the input embedding first).
 
-Variable paths (``modernbert_mlm/...``) are the contract of :mod:`tpulm.hf_modernbert`.
+Variable paths (``modernbert_mlm/...``) are the contract of :mod:`tpulm.hf.modernbert`.
 """
 
 from __future__ import annotations
