@@ -89,8 +89,8 @@ class Layout:
     @classmethod
     def of(cls, work_dir: str) -> Layout:
         """The layout of ``work_dir``."""
-        run = storage.join(work_dir, "run")
-        corpus, tokenizer, data = (storage.join(work_dir, name) for name in ("corpus", "tokenizer", "data"))
+        corpus, tokenizer, data, run = (storage.join(work_dir, name)
+                                        for name in ("corpus", "tokenizer", "data", "run"))
         return cls(work_dir, corpus, tokenizer, data, run, storage.join(run, rundir.EXPORT_DIR))
 
 
@@ -143,19 +143,24 @@ class RunPlan:
     prompts: tuple[str, ...]
 
 
-def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> RunPlan:
-    """Resolve a root config ``{table: {key: value}}`` (read from ``where``) into stages."""
-    unknown = sorted(set(tables) - set(config.TABLES))
-    if unknown:
-        raise TpulmError(
-            f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(config.TABLES)}")
-    from tpulm import report, training
-    from tpulm.data import builtin_corpus, prepare, tokenizer
-    from tpulm.evaluate import run as evaluate
-    from tpulm.hf import export
+@dataclasses.dataclass(frozen=True)
+class StageSettings:
+    """Each stage's resolved settings: its table over its defaults, paths from the layout."""
 
-    run = config.from_mapping(RunConfig, tables.get("run", {}), f"[run] of {where}")
-    layout = Layout.of(run.work_dir)
+    tokenizer: Any  # TokenizerConfig
+    data: Any  # PrepareConfig
+    train: Any  # TrainConfig
+    model: dict[str, Any]  # the [model] table, over the preset [train] model names
+    evaluate: Any  # EvaluateConfig
+
+
+def resolve_tables(tables: Mapping[str, Mapping[str, Any]], where: str, run: RunConfig,
+                   layout: Layout) -> StageSettings:
+    """Every stage's table resolved and checked (the [model] table too), before any stage runs."""
+    from tpulm import training
+    from tpulm.data import prepare, tokenizer
+    from tpulm.evaluate import run as evaluate
+
     tok_cfg = config.resolve(
         tokenizer.TokenizerConfig, None, tables.get("tokenizer", {}), f"[tokenizer] of {where}",
         output=layout.tokenizer, overwrite=True, **tokenizer_inputs(run, layout))
@@ -172,30 +177,58 @@ def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> RunPlan:
         model=layout.run, backend=train_cfg.backend)
     model_table = dict(tables.get("model", {}))
     check_model(train_cfg.model, model_table, tok_cfg, where)
-    builtin = run.corpus == "builtin"
+    return StageSettings(tok_cfg, data_cfg, train_cfg, model_table, eval_cfg)
 
+
+def wire(run: RunConfig, layout: Layout, cfg: StageSettings) -> list[Stage]:
+    """tpulm's stages in order: what each runs, the settings in its key, its outputs, its
+    upstream stages."""
+    from tpulm import report, training
+    from tpulm.data import builtin_corpus, prepare, tokenizer
+    from tpulm.evaluate import run as evaluate
+    from tpulm.hf import export
+
+    builtin = run.corpus == "builtin"
     stages = [Stage("corpus", lambda: builtin_corpus.write_demo_corpus(layout.corpus),
                     {"python": sys.version}, (layout.corpus,))] if builtin else []
     stages += [
-        Stage("tokenizer", lambda: _log_result(tokenizer.run(tok_cfg)), config.as_table(tok_cfg),
-              (layout.tokenizer,), ("corpus",) if builtin else ()),
-        Stage("data", lambda: prepare.run(data_cfg), config.as_table(data_cfg), (layout.data,),
+        Stage("tokenizer", lambda: _log_result(tokenizer.run(cfg.tokenizer)),
+              config.as_table(cfg.tokenizer), (layout.tokenizer,), ("corpus",) if builtin else ()),
+        Stage("data", lambda: prepare.run(cfg.data), config.as_table(cfg.data), (layout.data,),
               ("tokenizer",)),
-        Stage("train", lambda: training.run(train_cfg, model_table),
-              {"train": config.as_table(train_cfg), "model": model_table}, (layout.run,),
+        Stage("train", lambda: training.run(cfg.train, cfg.model),
+              {"train": config.as_table(cfg.train), "model": cfg.model}, (layout.run,),
               ("data",), precious=True, continuable=CONTINUABLE_TRAIN),
         Stage("export", lambda: export.write_export(layout.run, layout.export, overwrite=True),
               {}, (layout.export,), ("train",)),
     ]
-    if eval_cfg.tasks or eval_cfg.train_file:  # downstream scores, shown by the report
-        stages.append(Stage("evaluate", lambda: evaluate.run(eval_cfg),
-                            config.as_table(eval_cfg), (storage.join(layout.run, "eval"),),
+    if cfg.evaluate.tasks or cfg.evaluate.train_file:  # downstream scores, shown by the report
+        stages.append(Stage("evaluate", lambda: evaluate.run(cfg.evaluate),
+                            config.as_table(cfg.evaluate), (storage.join(layout.run, "eval"),),
                             ("export",)))
     if run.report:
         upstream = ("train", "evaluate") if stages[-1].name == "evaluate" else ("train",)
         stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream))
-    prompts = run.fill_mask or (
-        tuple(prompt for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS) if builtin else ())
+    return stages
+
+
+def plan(tables: Mapping[str, Mapping[str, Any]], where: str) -> RunPlan:
+    """Resolve a root config ``{table: {key: value}}`` (read from ``where``) into stages.
+
+    Raises:
+        TpulmError: an unknown table, or a bad setting in any table.
+    """
+    from tpulm.data import builtin_corpus
+
+    unknown = sorted(set(tables) - set(config.TABLES))
+    if unknown:
+        raise TpulmError(
+            f"unknown table(s) {', '.join(unknown)} in {where}; known: {', '.join(config.TABLES)}")
+    run = config.from_mapping(RunConfig, tables.get("run", {}), f"[run] of {where}")
+    layout = Layout.of(run.work_dir)
+    stages = wire(run, layout, resolve_tables(tables, where, run, layout))
+    prompts = run.fill_mask or (tuple(prompt for prompt, _ in builtin_corpus.FILL_MASK_PROMPTS)
+                                if run.corpus == "builtin" else ())
     return RunPlan(run, layout, stages, prompts)
 
 
