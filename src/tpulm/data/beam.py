@@ -272,8 +272,7 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     runner = create_runner(cfg.runner)
     options = pipeline_options(cfg)
     folder = preparation.packing_tokenizer(cfg.tokenizer)  # checks it before any worker starts
-    tok, pad_id = folder.tokenizer, folder.special.pad_id
-    vocab_size = folder.vocab_size
+    pad_id, vocab_size = folder.special.pad_id, folder.vocab_size
     plans = _plans(cfg, folder.fingerprint)
     todo = [plan for plan in plans if _reset(plan)]
     start = time.perf_counter()
