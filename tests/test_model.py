@@ -197,7 +197,7 @@ def test_preset_errors():
         load_model_preset("huge")
     with pytest.raises(TpulmError, match="not divisible"):
         config.resolve(ModelConfig, table={"hidden_size": 30, "num_heads": 4}, vocab_size=10)
-    with pytest.raises(ValueError, match="pad_token_id"):
+    with pytest.raises(TpulmError, match="pad_token_id"):
         ModelConfig(vocab_size=4, pad_token_id=7)
 
 

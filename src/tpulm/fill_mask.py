@@ -34,7 +34,7 @@ class FillMaskConfig:
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+            raise TpulmError(f"top_k must be at least 1, got {self.top_k}")
 
 
 @dataclass

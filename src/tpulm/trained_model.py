@@ -44,7 +44,7 @@ class LoadedModel:
 
     kind: str  # "run", "checkpoint" or "export"
     model: Any  # tpulm.model.masked_lm.MaskedLM from tpulm.model.networks.build_model, float32
-    config: Any  # tpulm.model.ModelConfig
+    config: Any  # tpulm.model.config.ModelConfig
     tokenizer_dir: str
     run_dir: str | None  # the run dir of a run or checkpoint; None for an export folder
 

@@ -33,7 +33,8 @@ class TrainConfig:
     eval_data: str | None = setting(None, "validation shards: a split folder or a glob")
     tokenizer: str | None = setting(None, "tokenizer folder (default: the run dir's copy)")
     run_dir: str = setting("runs/latest", "run dir (local or gs://); rerunning resumes it")
-    model: str = setting("base", "model preset (tiny, small, base, large) or a TOML file")
+    model: str = setting("base", "model preset (tiny, small, base, large: RoBERTa; modernbert-tiny, "
+                                 "modernbert-small, modernbert-base, modernbert-large) or a TOML file")
     batch_size: int = setting(32, "batch size per replica (global = per replica x replicas)")
     epochs: int | None = setting(None, "passes over the training data (default 1)")
     max_steps: int | None = setting(None, "optimizer steps (overrides --epochs)")
