@@ -257,8 +257,9 @@ def cudnn_applies(q, segment_ids) -> bool:
     of 8 up to 128, an even length (its masked backward pass), and no documents (their mask
     would be a full (seq, seq) bias: nothing saved over dense)."""
     head_dim, seq = q.shape[-1], q.shape[1]
-    return (str(q.dtype) in ("float16", "bfloat16") and head_dim % 8 == 0 and head_dim <= 128
-            and seq is not None and seq % 2 == 0 and segment_ids is None)
+    half = keras.backend.standardize_dtype(q.dtype) in ("float16", "bfloat16")
+    return (half and head_dim % 8 == 0 and head_dim <= 128 and seq is not None and seq % 2 == 0
+            and segment_ids is None)
 
 
 # ---- the paths attend() chooses from: (q, k, v, *, attention_mask, segment_ids, window, scale)
@@ -317,9 +318,9 @@ DENSE = AttentionPaths(global_=_dense, local=_dense)
 # (Keras backend, device platform) -> paths of --attention auto; "*" = any platform.
 AUTO_PATHS = {
     ("tensorflow", "*"): AttentionPaths(global_=_dense, local=_blocked),
-    ("jax", "cpu"): AttentionPaths(global_=_dense, local=_blocked),
     ("jax", "gpu"): AttentionPaths(global_=_cudnn, local=_blocked),
     ("jax", "tpu"): AttentionPaths(global_=_splash, local=_splash),
+    ("jax", "*"): AttentionPaths(global_=_dense, local=_blocked),  # CPU
 }
 MODES = ("auto", "dense")
 
