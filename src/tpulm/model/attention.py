@@ -37,7 +37,8 @@ from tpulm.errors import TpulmError
 # With ModernBERT's window (128, 64 each side) a block of 64 reads 3 x 64 = 192 keys per query
 # for the 129 it needs (measured by benchmarks/long_context.py against 32 and 128).
 LOCAL_BLOCK = 64
-# Splash's tiles (its default BlockSizes); sequences are padded to a multiple of it.
+# Splash's tiles (its default BlockSizes; the kernel needs key tiles in multiples of the TPU's
+# 128 lanes); sequences are padded to a multiple of it.
 SPLASH_BLOCK = 128
 # A finite "minus infinity" for masked logits in float32: exp() underflows to exactly 0 while a
 # row that masks everything still gets a finite softmax (what Keras' own masking does).
@@ -198,14 +199,14 @@ def _splash_kernel(seq: int, heads: int, radius: int | None, block: int, interpr
 
 def _splash_shard(q, k, v, segments, radius: int | None, interpret: bool):
     """Splash on one device's shard: q, k, v (batch, heads, seq, head_dim), seq a multiple of
-    the block or shorter than it."""
+    ``SPLASH_BLOCK``."""
     import jax
     from jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel import (
         SegmentIds,
     )
 
     _, heads, seq, _ = q.shape
-    kernel = _splash_kernel(seq, heads, radius, min(SPLASH_BLOCK, seq), interpret)
+    kernel = _splash_kernel(seq, heads, radius, SPLASH_BLOCK, interpret)
     return jax.vmap(kernel)(q, k, v, SegmentIds(segments, segments))
 
 
@@ -235,7 +236,7 @@ def splash_attention(q, k, v, segments, *, window: int | None, scale: float, mes
     import jax.numpy as jnp
 
     seq = q.shape[1]
-    tail = (seq if seq <= SPLASH_BLOCK else -(-seq // SPLASH_BLOCK) * SPLASH_BLOCK) - seq
+    tail = -(-seq // SPLASH_BLOCK) * SPLASH_BLOCK - seq
     # (batch, heads, padded seq, head_dim), the kernel's layout
     q, k, v = (jnp.transpose(jnp.pad(x, ((0, 0), (0, tail), (0, 0), (0, 0))), (0, 2, 1, 3))
                for x in (q * scale, k, v))
