@@ -10,7 +10,12 @@ that its peak memory is its own:
 * ``temp MiB``: with ``--jax-memory``, XLA's own count of the step's temporary buffers
   (``compiled.memory_analysis()`` of the same functions under JAX on CPU; compile only).
 
+With ``--tpu v5e:2x2`` (needs ``libtpu`` beside jax; no TPU: compiled ahead of time) it also
+compiles the step for that TPU topology, dense vs splash, at ModernBERT-base's 12 heads of 64 in
+bfloat16, ``--tpu-batch`` sequences per chip, and prints XLA's temporary GiB per chip.
+
     PYTHONPATH=src python benchmarks/long_context.py [--seqs 512,1024,2048,4096 --tokens 4096]
+    PYTHONPATH=src python benchmarks/long_context.py --seqs 1024,8192 --tpu v5e:2x2 --no-cpu
 
 The machine is shared: the figures come with the load average (``os.getloadavg``).
 """
@@ -100,8 +105,52 @@ def one_jax(seq: int, path: str, args) -> dict:
             "temp_mib": compiled.memory_analysis().temp_size_in_bytes / 2**20}
 
 
+# topology name -> get_topology_desc arguments (the ahead-of-time TPU compiler's view of a slice)
+TOPOLOGIES = {
+    "v5e:2x2": dict(chip_config_name="default", chips_per_host_bounds=(2, 2, 1)),
+    "v4:2x2x1": dict(chip_config_name="megacore", chips_per_host_bounds=(2, 2, 1)),
+}
+
+
+def one_tpu(seq: int, path: str, args) -> dict:
+    """Temporary GiB per chip of one layer's forward + backward, compiled for ``args.tpu``."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+
+    from tpulm.model import attention
+
+    devices = topologies.get_topology_desc(platform="tpu", topology_name=args.tpu, num_slices=1,
+                                           **TOPOLOGIES[args.tpu]).devices
+    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    heads, dim, scale = 12, 64, 64**-0.5
+
+    def fn(q, k, v, segments):
+        if path == "splash":
+            return attention.splash_attention(q, k, v, segments, window=args.window, scale=scale,
+                                              mesh=mesh, batch_axis="data")
+        mask = attention.dense_mask(segments, segments, args.window)
+        return attention.dense_attention(q, k, v, mask, scale=scale)
+
+    def loss(q, k, v, segments):
+        return fn(q, k, v, segments).astype(jnp.float32).sum()
+
+    data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), in_shardings=(data,) * 4,
+                   out_shardings=(data,) * 3)
+    x = jax.ShapeDtypeStruct((args.tpu_batch * len(devices), seq, heads, dim), jnp.bfloat16)
+    segments = jax.ShapeDtypeStruct(x.shape[:2], jnp.int32)
+    try:
+        temp = grad.lower(x, x, x, segments).compile().memory_analysis().temp_size_in_bytes
+    except Exception as error:  # the compiler refuses what does not fit in HBM
+        return {"seq": seq, "path": path, "temp_gib": float("nan"), "error": str(error)[:200]}
+    return {"seq": seq, "path": path, "temp_gib": temp / 2**30}
+
+
 def _child(backend: str, seq: int, path: str, argv: list[str]) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": backend, "JAX_PLATFORMS": "cpu"}
+    # libtpu guards itself with a lock file; another process compiling for TPU must not block us
+    env = {**os.environ, "KERAS_BACKEND": backend.removesuffix("-tpu"), "JAX_PLATFORMS": "cpu",
+           "ALLOW_MULTIPLE_LIBTPU_LOAD": "1"}
     cmd = [sys.executable, __file__, *argv, "--one", f"{backend}:{seq}:{path}"]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
@@ -130,16 +179,28 @@ def main() -> None:
     parser.add_argument("--blocks", default="64", help="block sizes of the blocked path")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jax-memory", action="store_true")
+    parser.add_argument("--no-cpu", action="store_true", help="skip the TensorFlow CPU runs")
+    parser.add_argument("--tpu", choices=sorted(TOPOLOGIES), help="also compile for this TPU")
+    parser.add_argument("--tpu-batch", type=int, default=2, help="sequences per TPU chip")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # backend:seq:path, in a child process
     args = parser.parse_args()
     if args.one:
         backend, seq, path = args.one.split(":")
-        print(json.dumps((one_jax if backend == "jax" else one_tf)(int(seq), path, args)))
+        run = {"jax": one_jax, "jax-tpu": one_tpu, "tensorflow": one_tf}[backend]
+        print(json.dumps(run(int(seq), path, args)))
         return
     argv = [a for a in sys.argv[1:]]
     paths = ["dense"] + [f"blocked{b}" for b in args.blocks.split(",")]
     seqs = [int(s) for s in args.seqs.split(",")]
     print(f"load average before: {os.getloadavg()}")
+    if args.tpu:
+        for seq in seqs:
+            for path in ("dense", "splash"):
+                r = _child("jax-tpu", seq, path, argv)
+                print(f"{args.tpu} seq {seq:>5} {path:>6}: {r['temp_gib']:.2f} GiB temporaries "
+                      f"per chip {r.get('error', '')}")
+    if args.no_cpu:
+        return
     rows = [_child("tensorflow", seq, path, argv) for seq in seqs for path in paths]
     jax_rows = {}
     if args.jax_memory:

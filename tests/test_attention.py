@@ -122,7 +122,8 @@ def test_attend_dense_mode_is_the_reference_exactly():
     c = case(64, padding=True, documents=True)
     got = attention.attend(c["q"], c["k"], c["v"], attention_mask=c["attention_mask"],
                            segment_ids=c["segment_ids"], window=32, mode="dense")
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(_dense(c, 32)(c["q"], c["k"], c["v"])))
+    expected = _dense(c, 32)(c["q"], c["k"], c["v"])
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 def test_registry_picks_paths_by_backend_and_platform():
@@ -150,10 +151,11 @@ def test_cudnn_applies_to_16_bit_padding_only_inputs():
 def jax_results(tmp_path_factory) -> dict:
     """tests/support/attention_jax.py's differences from dense, on 4 virtual CPU devices."""
     out = tmp_path_factory.mktemp("attention_jax") / "results.json"
-    src, support = Path(attention.__file__).parents[2], SUPPORT
+    path = [str(Path(attention.__file__).parents[2]), str(SUPPORT),
+            os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "TF_CPP_MIN_LOG_LEVEL": "3",
-           "PYTHONPATH": os.pathsep.join([str(src), str(support), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join(path)}
     proc = subprocess.run([sys.executable, str(SUPPORT / "attention_jax.py"), str(out)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-6000:]

@@ -56,7 +56,8 @@ def splash(window: int | None, documents: bool) -> dict:
 def splash_sharded() -> dict:
     """Splash as attend() runs it on TPU: under a Keras (data=2, model=2) ModelParallel mesh,
     so inside jax.shard_map, the batch split over ``data`` and the heads over ``model``."""
-    mesh = keras.distribution.DeviceMesh((2, 2), ["data", "model"], keras.distribution.list_devices())
+    devices = keras.distribution.list_devices()
+    mesh = keras.distribution.DeviceMesh((2, 2), ["data", "model"], devices)
     layouts = keras.distribution.LayoutMap(mesh)
     keras.distribution.set_distribution(
         keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
