@@ -1,9 +1,10 @@
 """The JAX side of tests/test_attention.py, run in a subprocess (Keras fixes its backend at import).
 
 Usage: ``KERAS_BACKEND=jax XLA_FLAGS=--xla_force_host_platform_device_count=4 python
-tests/support/attention_jax.py OUT.json``. Writes, for each check, the largest absolute
+tests/support/attention_jax.py OUT.json [tpu]``. Writes, for each check, the largest absolute
 difference from the dense path over real rows: of the outputs, and of the gradients of a weighted
-sum of them with respect to q, k and v (``jax.grad``). Not a test module.
+sum of them with respect to q, k and v (``jax.grad``); with ``tpu``, what compiling splash for a
+TPU slice gave instead. Not a test module.
 """
 
 from __future__ import annotations
@@ -83,7 +84,36 @@ def auto_on_cpu() -> dict:
             "local": paths.local.__name__, **diff}
 
 
-def main(out_path: str) -> None:
+def tpu_compile() -> dict:
+    """Splash compiled by Mosaic for a v5e 2x2 slice ahead of time (libtpu, no TPU): what
+    interpret mode cannot check (tile shapes, lowering), forward and backward, sharded."""
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+
+    devices = topologies.get_topology_desc(
+        platform="tpu", topology_name="v5e:2x2", chip_config_name="default",
+        chips_per_host_bounds=(2, 2, 1), num_slices=1).devices
+    mesh = jax.sharding.Mesh(np.array(devices), ("data",))
+    data = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+
+    def loss(q, k, v, segments):
+        out = attention.splash_attention(q, k, v, segments, window=128, scale=SCALE, mesh=mesh,
+                                         batch_axis="data")
+        return out.astype(jnp.float32).sum()
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), in_shardings=(data,) * 4,
+                   out_shardings=(data,) * 3)
+    x = jax.ShapeDtypeStruct((8, 1000, 2, 64), jnp.bfloat16)
+    compiled = grad.lower(x, x, x, jax.ShapeDtypeStruct((8, 1000), jnp.int32)).compile()
+    return {"platform": devices[0].platform,
+            "temp_bytes": compiled.memory_analysis().temp_size_in_bytes}
+
+
+def main(out_path: str, which: str = "cpu") -> None:
+    if which == "tpu":
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump(tpu_compile(), f)
+        return
     results = {"blocked_local": blocked_local(), "splash_local": splash(128, documents=True),
                "splash_global": splash(None, documents=False), "splash_sharded": splash_sharded(),
                "auto_on_cpu": auto_on_cpu()}
@@ -92,4 +122,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])
