@@ -109,6 +109,18 @@ def test_blocked_local_equals_dense_in_tf_function(jit_compile):
     _assert_matches(fn, _dense(c, 128), c)
 
 
+@pytest.mark.parametrize("seq", [200, None], ids=["static-length", "unknown-length"])
+def test_attend_in_graph_with_unknown_batch(seq):
+    """Keras traces with an unknown batch; with an unknown length the window stays dense."""
+    c = case(200, padding=True, documents=True)
+    spec, ids = tf.TensorSpec((None, seq, 2, 16)), tf.TensorSpec((None, seq), tf.int32)
+    fn = tf.function(lambda q, k, v, m, s: attention.attend(
+        q, k, v, attention_mask=m, segment_ids=s, window=128),
+        input_signature=[spec] * 3 + [ids] * 2)
+    _assert_matches(lambda q, k, v: fn(q, k, v, c["attention_mask"], c["segment_ids"]),
+                    _dense(c, 128), c)
+
+
 @pytest.mark.parametrize("window", [None, 128, 64, 512])
 def test_attend_auto_equals_attend_dense(window):
     """Globals stay dense on TensorFlow, windows go blocked, a window spanning the whole sequence
