@@ -19,7 +19,8 @@ from typing import Any
 from tpulm import config
 from tpulm.errors import TpulmError
 from tpulm.training import backends
-from tpulm.training.strategies import JIT_MODES, PRECISIONS
+from tpulm.training.distribution import JIT_MODES
+from tpulm.training.process import PRECISIONS
 
 log = logging.getLogger(__name__)
 setting = config.setting
