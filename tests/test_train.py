@@ -170,16 +170,18 @@ def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
 
 
 def test_a_process_that_is_not_the_chief_writes_nothing_shared(tmp_path, corpus):
-    from tpulm.training import loop
+    import dataclasses
+
+    from tpulm.training import loop, setup
 
     run_dir = tmp_path / "run"
     cfg = TrainConfig(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
                       tokenizer=str(corpus["tokenizer"]), run_dir=str(run_dir), max_steps=4,
                       checkpoint_every=2, eval_every=2, log_every=1, **QUICK)
-    trainer = loop.Trainer(cfg, {})
-    assert trainer.writer  # one process: the chief
-    trainer.writer = False  # as process 1 of a multi-host run sees itself
-    result = trainer.fit()
+    prepared = setup.prepare(cfg, {})
+    assert prepared.writer  # one process: the chief
+    # As process 1 of a multi-host run sees itself: it builds, restores and trains like the chief.
+    result = loop.Trainer(dataclasses.replace(prepared, writer=False)).fit()
     assert result.step == 4 and result.eval is not None  # it trained and evaluated
     assert not run_dir.exists() or not any(run_dir.iterdir())  # but wrote nothing shared
 

@@ -87,8 +87,8 @@ class TFStrategy:
         if mode == "false":
             return False
         on_cpu = not tf.config.list_logical_devices("GPU") and not self._is_tpu()
-        devices = self.strategy.extended.worker_devices
-        if self.num_replicas_in_sync > 1 and any("CPU" in d.upper() for d in devices):
+        several = self.num_replicas_in_sync > 1  # the default strategy has no worker_devices
+        if several and any("CPU" in d.upper() for d in self.strategy.extended.worker_devices):
             log.info("XLA off: %s over CPU devices cannot place variables under XLA",
                      type(self.strategy).__name__)
             return False
