@@ -113,3 +113,17 @@ def test_auto_compiles_with_xla_on_cpu_except_in_bfloat16():
     assert use_xla("true", "mixed_bfloat16") and not use_xla("false", "fp32")
     with pytest.raises(TpulmError, match="jit_compile must be one of"):
         use_xla("yes")
+
+
+def test_both_kinds_of_strategy_implement_the_one_interface():
+    import pytest
+
+    from tpulm.errors import TpulmError
+    from tpulm.training import distribution, jax_mesh, strategies
+
+    mesh = jax_mesh.MeshStrategy(None, 1, "jax_single_device")  # needs no JAX until used
+    assert isinstance(mesh, distribution.Strategy)
+    assert isinstance(strategies.local(), distribution.Strategy)
+    assert mesh.use_xla("auto", "mixed_bfloat16") and not mesh.use_xla("false")  # JAX: always XLA
+    with pytest.raises(TpulmError, match="jit_compile must be one of auto, true, false"):
+        mesh.use_xla("yes")
