@@ -22,7 +22,10 @@ from tpulm.errors import TpulmError
 from tpulm.training import run
 from tpulm.training.config import TrainConfig, fit_calls, steps_per_execution
 
-QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
+# No XLA in the quick runs: half the CPU time (compilation dominates a few tiny steps). The CLI
+# test below and tests/test_resume.py train with XLA.
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
+             jit_compile="false")
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,8 @@ class Trainer:
         self.model, self.optimizer, self.lr = setup.build_for_training(
             cfg, run.model_cfg, run.strategy, run.total_steps)
         with run.strategy.scope():
-            state = checkpoint.restore(cfg.run_dir, self.model, self.optimizer, run.writer) or {"step": 0}
+            state = checkpoint.restore(cfg.run_dir, self.model, self.optimizer, run.writer)
+        state = state or {"step": 0}  # no checkpoint: a fresh run
         self.start = int(state["step"])
         if run.writer:
             preflight.prepare_run_dir(cfg.run_dir, run.tokenizer_dir,
