@@ -16,7 +16,8 @@ from tpulm.training import run
 from tpulm.training.config import TrainConfig
 
 QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
-             checkpoint_every=2, keep_checkpoints=5, log_every=2, eval_every=100)
+             checkpoint_every=2, keep_checkpoints=5, log_every=2, eval_every=100,
+             jit_compile="false")  # checkpoint choice, not XLA: half the CPU time
 
 
 @pytest.fixture(scope="module")
