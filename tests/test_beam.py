@@ -100,7 +100,7 @@ def test_rerun_other_batches_and_padding_give_identical_bytes(
     prepare.run(cfg)
     first = folder_bytes(cfg.output)
     # As if interrupted: the driver's progress file, no manifest, a shard missing.
-    plan = beam_prepare._plans(cfg, tokenizer.fingerprint(tok_dir))[0][0]
+    plan = beam_prepare._plans(cfg, tokenizer.fingerprint(tok_dir))[0]
     preparation.write_progress(plan, preparation.Resume())
     storage.remove(str(tmp_path / "a" / "train" / shards.MANIFEST_NAME))
     storage.remove(str(tmp_path / "a" / "train" / "dataset-0-40.tfrecord"))

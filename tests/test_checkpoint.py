@@ -9,13 +9,15 @@ import pytest
 from support.training import small_corpus
 
 from tpulm import rundir
+from tpulm.training import checkpoint
 from tpulm.errors import TpulmError
 from tpulm.model import weights
 from tpulm.training import run
 from tpulm.training.config import TrainConfig
 
 QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
-             checkpoint_every=2, keep_checkpoints=5, log_every=2, eval_every=100)
+             checkpoint_every=2, keep_checkpoints=5, log_every=2, eval_every=100,
+             jit_compile="false")  # checkpoint choice, not XLA: half the CPU time
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,7 @@ def test_resume_skips_an_incomplete_newest_checkpoint(trained, tmp_path, caplog,
     assert "steps 4 -> 8" in messages and result.steps_this_session == 4  # not from step 0
     assert [s for s, _ in rundir.list_checkpoints(str(run_dir))] == [2, 4, 6, 8]
     assert (run_dir / "checkpoints" / "ckpt-000000006.incomplete").is_dir()  # kept, not deleted
-    assert rundir.checkpoint_problem(rundir.checkpoint_dir(str(run_dir), 6), 6) is None  # redone
+    assert checkpoint.problem(rundir.checkpoint_dir(str(run_dir), 6), 6) is None  # redone
 
 
 def test_no_complete_checkpoint_is_an_error_naming_them(trained, tmp_path):
@@ -87,8 +89,6 @@ def test_truncated_weights_file_is_an_error_naming_it(trained, tmp_path):
 
 def test_last_good_checkpoint_had_a_finite_not_diverging_loss(trained, tmp_path):
     import json
-
-    from tpulm.training import checkpoint
 
     _, run_dir = _copy(trained, tmp_path)
     metrics = run_dir / rundir.METRICS_NAME

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -75,3 +76,42 @@ def test_help_lists_each_table_and_claims_a_toml_file_only_with_config(capsys):
     for key in ("[run]", "work_dir:", "fill_mask:", "[model]", "hidden_size:", "num_layers:"):
         assert key in run
     assert "--restart STAGE" in run
+
+
+def _flat(text: str) -> str:
+    """Help text with argparse's line wrapping undone (it also breaks lines after hyphens)."""
+    return " ".join(re.sub(r"-\n\s*", "-", text).split())
+
+
+@pytest.mark.parametrize("argv", [[], ["export"], ["import"], ["train"], ["run"]])
+def test_help_names_both_architectures_and_all_their_presets(capsys, argv):
+    from tpulm.model.config import PRESETS
+
+    text = _flat(_help(capsys, *argv))
+    missing = [name for name in PRESETS if not re.search(rf"(?<![\w-]){name}(?![\w-])", text)]
+    assert not missing, f"tpulm {' '.join(argv)} --help lacks presets {missing}"
+    assert "ModernBERT" in text or "ModernBertForMaskedLM" in text
+    if "RobertaForMaskedLM" in text:
+        assert "ModernBertForMaskedLM" in text
+
+
+def test_help_lists_tokenizer_models_and_the_evaluate_table(capsys):
+    text = _flat(_help(capsys, "tokenizer", "train"))
+    assert "--model {unigram,bpe,wordpiece}" in text
+    run = _help(capsys, "run")
+    assert "[evaluate]" in run and "\n  tasks: " in run and "\n  seeds: " in run
+
+
+def test_only_the_cli_prints():
+    """Stages report through return values and logging; the command decides what to show."""
+    import ast
+    from pathlib import Path
+
+    import tpulm
+
+    package = Path(tpulm.__file__).parent
+    printing = [f"{path.relative_to(package)}:{node.lineno}"
+                for path in package.rglob("*.py") if "cli" not in path.relative_to(package).parts
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"]
+    assert not printing, printing

@@ -71,3 +71,36 @@ def test_missing_config_file_is_a_clear_error(tmp_path):
     bad.write_text("[a\n")
     with pytest.raises(TpulmError, match="not valid TOML"):
         config.load_toml(str(bad))
+
+
+def _stage_configs():
+    """(config class, settings one of its checks refuses) for every stage's settings."""
+    from tpulm.data.preparation import PrepareConfig
+    from tpulm.data.tokenizer import TokenizerConfig
+    from tpulm.evaluate.run import EvaluateConfig
+    from tpulm.fill_mask import FillMaskConfig
+    from tpulm.model.config import ModelConfig
+    from tpulm.pipeline import RunConfig
+    from tpulm.training.config import TrainConfig
+
+    return [(RunConfig, {"corpus": "files"}), (TokenizerConfig, {"vocab_size": 3}),
+            (PrepareConfig, {"max_length": 1}), (ModelConfig, {"vocab_size": 4, "pad_token_id": 7}),
+            (ModelConfig, {"vocab_size": 8, "architecture": "modernbert", "activation": "relu"}),
+            (TrainConfig, {"batch_size": 0}), (EvaluateConfig, {"seeds": 0}),
+            (FillMaskConfig, {"top_k": 0})]
+
+
+@pytest.mark.parametrize("cls,bad", _stage_configs(), ids=lambda x: getattr(x, "__name__", ""))
+def test_every_stage_config_refuses_bad_settings_with_a_tpulm_error(cls, bad):
+    with pytest.raises(TpulmError) as built:  # also when built directly, not from a table
+        cls(**bad)
+    assert not isinstance(built.value, ValueError)
+    with pytest.raises(TpulmError, match=r"^invalid settings in \[x\] of run\.toml: ") as loaded:
+        config.from_mapping(cls, bad, "[x] of run.toml")
+    assert str(built.value) in str(loaded.value) and "\n" not in str(loaded.value)
+
+
+def test_choices_are_listed_in_the_flags_help():
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser, Example)
+    assert "--name {unigram,bpe}" in parser.format_help()

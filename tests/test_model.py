@@ -136,11 +136,11 @@ def test_explicit_attention_path_equals_fused(cfg, tokenizer, texts):
     """The training-time softmax path (taken when attention dropout is on) is the same function."""
     model = build_model(cfg)
     batch = padded_batch(tokenizer, texts[:3], max_len=32)
-    for block in model.blocks:  # keep the explicit path, switch its dropout off
+    for block in model.backbone.blocks:  # keep the explicit path, switch its dropout off
         block.attention_probs_dropout.rate = 0.0
         block.attention_output_dropout.rate = 0.0
         block.output_dropout.rate = 0.0
-    model.embeddings.dropout_layer.rate = 0.0
+    model.backbone.embeddings.dropout_layer.rate = 0.0
     real = batch["attention_mask"].astype(bool)
     train = keras.ops.convert_to_numpy(model(batch, training=True))
     np.testing.assert_allclose(train[real], _keras_logits(model, batch)[real], atol=1e-6, rtol=0)
@@ -163,7 +163,7 @@ def test_mixed_bfloat16_computes_in_bf16_with_float32_logits(cfg, pair, tokenize
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert {v.dtype for v in model.weights} == {"float32"}
-    assert model.blocks[0].query.compute_dtype == "bfloat16"
+    assert model.backbone.blocks[0].query.compute_dtype == "bfloat16"
     model.set_weights(reference.get_weights())
     got = _keras_logits(model, batch)
     assert got.dtype == np.float32
@@ -197,7 +197,7 @@ def test_preset_errors():
         load_model_preset("huge")
     with pytest.raises(TpulmError, match="not divisible"):
         config.resolve(ModelConfig, table={"hidden_size": 30, "num_heads": 4}, vocab_size=10)
-    with pytest.raises(ValueError, match="pad_token_id"):
+    with pytest.raises(TpulmError, match="pad_token_id"):
         ModelConfig(vocab_size=4, pad_token_id=7)
 
 

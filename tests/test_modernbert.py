@@ -252,9 +252,9 @@ def test_tiny_preset_counts_like_transformers():
 def test_config_errors():
     with pytest.raises(TpulmError, match="architecture"):
         config.resolve(ModelConfig, table={"architecture": "gpt"}, vocab_size=10)
-    with pytest.raises(ValueError, match="even head size"):
+    with pytest.raises(TpulmError, match="even head size"):
         ModelConfig(**{**TINY, "hidden_size": 60, "num_heads": 4})
-    with pytest.raises(ValueError, match="activation"):
+    with pytest.raises(TpulmError, match="activation"):
         ModelConfig(**{**TINY, "activation": "relu"})
     assert ModelConfig(vocab_size=10).architecture == "roberta"  # RoBERTa configs unchanged
 
@@ -322,7 +322,7 @@ def test_xla_and_mixed_bfloat16():
     finally:
         keras.mixed_precision.set_global_policy("float32")
     assert {v.dtype for v in half.weights} == {"float32"}
-    assert half.blocks[1].wqkv.compute_dtype == "bfloat16"
+    assert half.backbone.blocks[1].wqkv.compute_dtype == "bfloat16"
     half.set_weights(model.get_weights())
     got, ref = keras_logits(half, batch), keras_logits(model, batch)
     assert got.dtype == np.float32

@@ -1,11 +1,13 @@
-"""The stage runner of `tpulm run`: skip complete stages, resume interrupted ones, and rerun a
-stage whose settings changed together with every stage downstream of it (and only those)."""
+"""The stage engine of `tpulm run`: skip complete stages, resume interrupted ones, and rerun a
+stage whose settings changed together with every stage downstream of it (and only those); and
+tpulm's stages wired for it."""
 
 from __future__ import annotations
 
 import pytest
 
 from tpulm import config, pipeline
+from tpulm.pipeline import engine
 from tpulm.errors import TpulmError
 
 
@@ -29,7 +31,7 @@ def make_stages(tmp_path, settings: dict, calls: list, fail_at: str | None = Non
             (out / "done").write_text(str(settings.get(name)))
             return name
 
-        return pipeline.Stage(name, run, {"value": settings.get(name)}, (str(out),), upstream)
+        return engine.Stage(name, run, {"value": settings.get(name)}, (str(out),), upstream)
 
     return [stage("a", ()), stage("b", ("a",)), stage("c", ("b",)), stage("d", ("a",))]
 
@@ -37,10 +39,10 @@ def make_stages(tmp_path, settings: dict, calls: list, fail_at: str | None = Non
 def test_second_run_skips_every_complete_stage(tmp_path):
     calls: list[str] = []
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
-    results = pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    results = engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["a", "b", "c", "d"] and results == {n: n for n in "abcd"}
     calls.clear()
-    results = pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    results = engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == [] and results == {n: None for n in "abcd"}
 
 
@@ -48,10 +50,10 @@ def test_interrupted_stage_resumes_without_losing_its_partial_output(tmp_path):
     calls: list[str] = []
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
     with pytest.raises(Interrupted):
-        pipeline.execute(make_stages(tmp_path, settings, calls, fail_at="b"), str(tmp_path))
+        engine.execute(make_stages(tmp_path, settings, calls, fail_at="b"), str(tmp_path))
     assert calls == ["a", "b"]
     calls.clear()
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["b", "c", "d"]
     # Same settings: the stage resumes over what it had written, nothing is deleted.
     assert (tmp_path / "b" / "partial").read_text() == "half"
@@ -60,27 +62,27 @@ def test_interrupted_stage_resumes_without_losing_its_partial_output(tmp_path):
 def test_changed_setting_reruns_that_stage_and_only_its_downstream(tmp_path):
     calls: list[str] = []
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "b" / "stale").write_text("old")
     calls.clear()
     settings["b"] = 20
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["b", "c"]  # a and d do not read from b
     assert not (tmp_path / "b" / "stale").exists()  # old outputs removed before the rerun
     assert (tmp_path / "b" / "done").read_text() == "20"
     calls.clear()
     settings["a"] = 10
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["a", "b", "c", "d"]
 
 
 def test_damaged_stage_record_only_reruns_that_stage(tmp_path):
     calls: list[str] = []
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
-    (tmp_path / pipeline.STAGES_DIR / "c.json").write_text("{not json")
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    (tmp_path / engine.STAGES_DIR / "c.json").write_text("{not json")
     calls.clear()
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["c"]
 
 
@@ -114,7 +116,7 @@ def precious_stages(tmp_path, settings: dict, calls: list):
         calls.append("t")
         (tmp_path / "t").mkdir(exist_ok=True)
 
-    t = pipeline.Stage("t", run, {"t": {"steps": settings["steps"], "lr": settings["lr"]}},
+    t = engine.Stage("t", run, {"t": {"steps": settings["steps"], "lr": settings["lr"]}},
                        (str(tmp_path / "t"),), ("a",), precious=True,
                        continuable=frozenset({"t.steps"}))
     return [a, t]
@@ -123,11 +125,11 @@ def precious_stages(tmp_path, settings: dict, calls: list):
 def test_precious_stage_continues_on_a_continuable_change_and_keeps_its_outputs(tmp_path, caplog):
     calls: list[str] = []
     settings = {"a": 1, "steps": 10, "lr": 0.1}
-    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "t" / "checkpoint").write_text("step 10")
     settings["steps"] = 20
     caplog.set_level("INFO")
-    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
     assert calls == ["a", "t", "t"]
     assert (tmp_path / "t" / "checkpoint").read_text() == "step 10"  # not removed
     assert "stage t: settings changed (t.steps): continuing" in caplog.text
@@ -136,27 +138,27 @@ def test_precious_stage_continues_on_a_continuable_change_and_keeps_its_outputs(
 def test_precious_stage_is_never_removed_without_restart(tmp_path):
     calls: list[str] = []
     settings = {"a": 1, "steps": 10, "lr": 0.1}
-    pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
+    engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "t" / "checkpoint").write_text("step 10")
     for change in ({"lr": 0.2}, {"a": 2}):  # its own setting, or an upstream stage's
         with pytest.raises(TpulmError, match="--restart t"):
-            pipeline.execute(precious_stages(tmp_path, {**settings, **change}, calls), str(tmp_path))
+            engine.execute(precious_stages(tmp_path, {**settings, **change}, calls), str(tmp_path))
         assert calls == ["a", "t"]  # decided before anything ran: upstream a did not rerun either
         assert (tmp_path / "t" / "checkpoint").exists()
-    pipeline.execute(precious_stages(tmp_path, {**settings, "lr": 0.2}, calls), str(tmp_path),
+    engine.execute(precious_stages(tmp_path, {**settings, "lr": 0.2}, calls), str(tmp_path),
                      restart=["t"])
     assert calls == ["a", "t", "t"] and not (tmp_path / "t" / "checkpoint").exists()
     with pytest.raises(TpulmError, match="no such stage"):
-        pipeline.execute(precious_stages(tmp_path, settings, calls), str(tmp_path), restart=["x"])
+        engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path), restart=["x"])
 
 
 def test_records_hold_settings_and_downstream_says_why_it_reruns(tmp_path, caplog):
     calls: list[str] = []
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
-    pipeline.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
-    assert pipeline.read_record(str(tmp_path), "b")["settings"] == {"value": 2}
+    engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
+    assert engine.read_record(str(tmp_path), "b")["settings"] == {"value": 2}
     caplog.set_level("INFO")
-    pipeline.execute(make_stages(tmp_path, {**settings, "b": 5}, calls), str(tmp_path))
+    engine.execute(make_stages(tmp_path, {**settings, "b": 5}, calls), str(tmp_path))
     assert "stage b: settings changed (value)" in caplog.text
     assert "stage c: rerun because b changed" in caplog.text
     assert "stage c: settings changed" not in caplog.text
@@ -165,7 +167,7 @@ def test_records_hold_settings_and_downstream_says_why_it_reruns(tmp_path, caplo
 def test_a_typo_in_any_table_stops_before_anything_is_touched(tmp_path):
     kept = tmp_path / "run" / "checkpoints" / "ckpt-000000010"
     kept.mkdir(parents=True)
-    pipeline.write_record(str(tmp_path), "train", "old-key", True)
+    engine.write_record(str(tmp_path), "train", "old-key", True)
     for tables, match in (({"model": {"hidden": 3}}, "unknown setting.*hidden"),
                           ({"model": {"num_heads": 5}}, "not divisible"),
                           ({"train": {"max_step": 3}}, "unknown setting.*max_step")):
@@ -187,5 +189,21 @@ def test_output_folders_holding_user_files_are_refused_before_any_stage_runs(tmp
     (tmp_path / "b" / "mine.txt").write_text("keep")
     calls: list[str] = []
     with pytest.raises(TpulmError, match=r"/b holds files tpulm did not write \(mine.txt\)"):
-        pipeline.execute(make_stages(tmp_path, {"a": 1, "b": 2, "c": 3, "d": 4}, calls), str(tmp_path))
+        engine.execute(make_stages(tmp_path, {"a": 1, "b": 2, "c": 3, "d": 4}, calls), str(tmp_path))
     assert calls == [] and (tmp_path / "b" / "mine.txt").read_text() == "keep"
+
+
+def test_the_engine_knows_none_of_tpulms_stages():
+    """The engine is generic: tpulm's stages are wired in tpulm.pipeline.stages, not in it."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(engine.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name if isinstance(node, ast.Import) else f"{node.module}.{alias.name}"
+                for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for alias in node.names}
+    assert {name for name in imported if name.startswith("tpulm")} == {
+        "tpulm.storage", "tpulm.errors.TpulmError"}
+    resolved = pipeline.plan({"run": {"work_dir": "w"}}, "x.toml")
+    assert isinstance(resolved, pipeline.RunPlan) and resolved.layout.export == "w/run/export"
+    assert all(isinstance(stage, engine.Stage) for stage in resolved.stages)

@@ -19,6 +19,7 @@ from support.training import (
 )
 
 from tpulm import rundir
+from tpulm.training import checkpoint
 
 STEPS, EVERY = 30, 10
 
@@ -41,7 +42,7 @@ def _stopped_at(stderr: str, name: str, code: int, expected_code: int, run_dir: 
     assert match, stderr[-3000:]
     step = int(match.group(1))
     assert match.group(2) == rundir.checkpoint_dir(str(run_dir), step)
-    assert rundir.checkpoint_problem(match.group(2), step) is None  # complete and valid
+    assert checkpoint.problem(match.group(2), step) is None  # complete and valid
     assert max(logged_train_steps(run_dir)) == step  # finished the step it was in, no more
     return step
 

@@ -343,3 +343,27 @@ def test_jsonl_input_with_text_field(tmp_path, tok_dir, small_corpus):
     names = sorted(os.listdir(tmp_path / "t" / "train"))
     for name in names[:-1]:  # shards; the manifests differ in their source only
         assert (tmp_path / "j" / "train" / name).read_bytes() == (tmp_path / "t" / "train" / name).read_bytes()
+
+
+def test_the_shared_ending_pads_refuses_short_splits_and_writes_the_manifest_last(tmp_path, tok_dir, small_corpus):
+    """What the local and the Beam runner both call to end a split (preparation.finish_split)."""
+    ids, mask = preparation.pad_block(np.array([5, 6, 7]), 5, pad_id=1)
+    assert ids.tolist() == [[5, 6, 7, 1, 1]] and mask.tolist() == [[1, 1, 1, 0, 0]]
+    assert ids.dtype == mask.dtype == np.int64
+    cfg = small_config(tok_dir, small_corpus, tmp_path / "out")
+    plan, = preparation.plan_splits(cfg, tokenizer.fingerprint(tok_dir))
+    assert plan.files == (str(small_corpus),)
+    with pytest.raises(TpulmError, match=r"no \(non-empty\) samples in .*small.txt"):
+        preparation.finish_split(plan, cfg, [], samples=0, tokens=0, vocab_size=600)
+    with pytest.raises(TpulmError, match=r"has 99 tokens, fewer than one block of max_length 100"):
+        preparation.finish_split(plan, cfg, [], samples=3, tokens=99, vocab_size=600)
+    assert not (tmp_path / "out").exists()
+    storage.makedirs(plan.split_dir)
+    preparation.write_progress(plan, preparation.Resume(), error="stopped")
+    assert preparation.recorded_error(plan) == "stopped"
+    infos = [shards.ShardInfo(shards.shard_name(i, 7), 7, 700) for i in (1, 0)]  # as Beam gathers
+    done = preparation.finish_split(plan, cfg, infos, samples=40, tokens=1450, vocab_size=600)
+    assert [s.file for s in done.shards] == [shards.shard_name(0, 7), shards.shard_name(1, 7)]
+    assert done.stats == {"samples": 40, "tokens": 1450, "tokens_dropped": 50}
+    assert shards.read_manifest(plan.split_dir) == done
+    assert os.listdir(plan.split_dir) == [shards.MANIFEST_NAME]  # the progress file is gone

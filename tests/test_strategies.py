@@ -32,7 +32,8 @@ SCRIPT = textwrap.dedent(
     one = run(TrainConfig(run_dir=out + "/one", batch_size=8, jit_compile="false", **common), no_dropout)
     strategies.STRATEGIES.insert(0, strategies._Entry(
         "mirrored_cpus", lambda p: True,
-        lambda p: tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])))
+        lambda p: strategies.TFStrategy(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]),
+                                        "mirrored_cpus")))
     two = run(TrainConfig(run_dir=out + "/two", batch_size=4, **common), no_dropout)
     print("RESULT", json.dumps([one.tokens, two.tokens]))
     """
@@ -77,7 +78,8 @@ def test_two_replicas_match_one_replica(tmp_path, wikitext_dir):
 def test_only_the_chief_writes_shared_files():
     import tensorflow as tf
 
-    from tpulm.training.strategies import is_chief, is_chief_task
+    from tpulm.training import strategies
+    from tpulm.training.strategies import is_chief_task
 
     def chief(task_type, task_id, cluster):  # as a real resolver of that TF_CONFIG reports it
         spec = tf.train.ClusterSpec(cluster) if cluster else tf.train.ClusterSpec({})
@@ -91,7 +93,7 @@ def test_only_the_chief_writes_shared_files():
     assert chief("chief", 0, with_chief) and not chief("worker", 0, with_chief)
     assert not chief("evaluator", 0, {**workers, "evaluator": ["e:1"]})
     assert chief(None, None, None)
-    assert is_chief(tf.distribute.get_strategy())  # one process: it writes
+    assert strategies.local().is_chief()  # one process: it writes
 
 
 def test_auto_compiles_with_xla_on_cpu_except_in_bfloat16():
@@ -99,13 +101,29 @@ def test_auto_compiles_with_xla_on_cpu_except_in_bfloat16():
     import tensorflow as tf
 
     from tpulm.errors import TpulmError
-    from tpulm.training.strategies import use_xla
+    from tpulm.training import distribution, strategies
 
     if tf.config.list_logical_devices("GPU"):
         pytest.skip("the CPU rule")
-    one = tf.distribute.get_strategy()
-    assert use_xla(one, "auto", "fp32") and use_xla(one, "auto", "mixed_float16")
-    assert not use_xla(one, "auto", "mixed_bfloat16")  # oneDNN's bfloat16 kernels are faster
-    assert use_xla(one, "true", "mixed_bfloat16") and not use_xla(one, "false", "fp32")
+    one = strategies.local()
+    assert isinstance(one, distribution.Strategy) and one.name == "single_device"
+    use_xla = one.use_xla
+    assert use_xla("auto", "fp32") and use_xla("auto", "mixed_float16")
+    assert not use_xla("auto", "mixed_bfloat16")  # oneDNN's bfloat16 kernels are faster
+    assert use_xla("true", "mixed_bfloat16") and not use_xla("false", "fp32")
     with pytest.raises(TpulmError, match="jit_compile must be one of"):
-        use_xla(one, "yes")
+        use_xla("yes")
+
+
+def test_both_kinds_of_strategy_implement_the_one_interface():
+    import pytest
+
+    from tpulm.errors import TpulmError
+    from tpulm.training import distribution, jax_mesh, strategies
+
+    mesh = jax_mesh.MeshStrategy(None, 1, "jax_single_device")  # needs no JAX until used
+    assert isinstance(mesh, distribution.Strategy)
+    assert isinstance(strategies.local(), distribution.Strategy)
+    assert mesh.use_xla("auto", "mixed_bfloat16") and not mesh.use_xla("false")  # JAX: always XLA
+    with pytest.raises(TpulmError, match="jit_compile must be one of auto, true, false"):
+        mesh.use_xla("yes")

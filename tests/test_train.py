@@ -22,7 +22,10 @@ from tpulm.errors import TpulmError
 from tpulm.training import run
 from tpulm.training.config import TrainConfig, fit_calls, steps_per_execution
 
-QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0)
+# No XLA in the quick runs: half the CPU time (compilation dominates a few tiny steps). The CLI
+# test below and tests/test_resume.py train with XLA.
+QUICK = dict(model="tiny", batch_size=8, learning_rate=1e-3, progress=False, peak_tflops=1.0,
+             jit_compile="false")
 
 
 @pytest.fixture(scope="module")
@@ -170,16 +173,18 @@ def test_trains_on_shards_from_tpulm_prepare(tmp_path, corpus, wikitext_dir):
 
 
 def test_a_process_that_is_not_the_chief_writes_nothing_shared(tmp_path, corpus):
-    from tpulm.training import loop
+    import dataclasses
+
+    from tpulm.training import loop, setup
 
     run_dir = tmp_path / "run"
     cfg = TrainConfig(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
                       tokenizer=str(corpus["tokenizer"]), run_dir=str(run_dir), max_steps=4,
                       checkpoint_every=2, eval_every=2, log_every=1, **QUICK)
-    trainer = loop.Trainer(cfg, {})
-    assert trainer.writer  # one process: the chief
-    trainer.writer = False  # as process 1 of a multi-host run sees itself
-    result = trainer.fit()
+    prepared = setup.prepare(cfg, {})
+    assert prepared.writer  # one process: the chief
+    # As process 1 of a multi-host run sees itself: it builds, restores and trains like the chief.
+    result = loop.Trainer(dataclasses.replace(prepared, writer=False)).fit()
     assert result.step == 4 and result.eval is not None  # it trained and evaluated
     assert not run_dir.exists() or not any(run_dir.iterdir())  # but wrote nothing shared
 
@@ -195,3 +200,41 @@ def test_a_corrupt_shard_during_training_is_named(tmp_path, corpus):
     with pytest.raises(TpulmError, match=rf"{last} is corrupt or truncated \(.*tpulm data inspect"):
         run(TrainConfig(run_dir=str(tmp_path / "run"), train_data=str(train),
                         tokenizer=str(corpus["tokenizer"]), max_steps=40, **QUICK))
+
+
+def test_hooks_run_when_due_in_the_order_added_and_all_at_the_last_step():
+    from tpulm.training.hooks import Hooks
+
+    ran = []
+    hooks = Hooks(last_step=10)
+    hooks.add("train line", lambda step, logs: ran.append(("line", step, logs["loss"])), every=2)
+    hooks.add("checkpoint", lambda step, logs: ran.append(("save", step)), every=4)
+    for step in (2, 3, 4, 6, 8, 10):
+        hooks.run(step, {"loss": step / 10})
+    assert ran == [("line", 2, 0.2), ("line", 4, 0.4), ("save", 4), ("line", 6, 0.6),
+                   ("line", 8, 0.8), ("save", 8), ("line", 10, 1.0), ("save", 10)]
+
+
+def test_the_training_model_is_built_and_compiled_without_data_or_run_dir(tmp_path, monkeypatch):
+    """What `tpulm plan` lowers: the model, optimizer, loss and metrics of `tpulm train`."""
+    import keras
+
+    from tpulm.model.config import ModelConfig, load_model_preset
+    from tpulm.training import objective, process, setup, strategies
+
+    monkeypatch.chdir(tmp_path)
+    model_cfg = config.resolve(ModelConfig, table=load_model_preset("tiny"), vocab_size=64)
+    cfg = TrainConfig(model="tiny", precision="mixed_float16", gradient_accumulation=2,
+                      jit_compile="false", max_steps=100)
+    process.set_precision(cfg.precision)
+    try:
+        local = strategies.local()
+        model, optimizer, lr = setup.build_for_training(cfg, model_cfg, local, total_steps=100)
+        assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer)  # fp16: loss scaling
+        assert optimizer.inner_optimizer.gradient_accumulation_steps == 2
+        assert optimizer.built and lr.at(99) < lr.at(4)  # warmup 5 steps, then decay
+        assert setup.compile_for_training(model, optimizer, cfg, local, steps_per_execution=4) is False
+        assert isinstance(model.loss, objective.MaskedLMLoss) and model.steps_per_execution == 4
+    finally:
+        process.set_precision("fp32")
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -1,3 +1,3 @@
-"""tpulm: pretrain RoBERTa-style masked language models from scratch, export to Transformers."""
+"""tpulm: pretrain RoBERTa or ModernBERT masked language models, export them to Transformers."""
 
 __version__ = "0.1.0"

@@ -138,7 +138,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     values = {k: _coerce(v, types_[k], k, where) for k, v in data.items()}
     try:
         return cls(**values)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, TpulmError) as err:  # a missing setting, or a failed check
         raise TpulmError(f"invalid settings in {where}: {err}") from None
 
 
@@ -198,10 +198,10 @@ def add_arguments(
             kwargs.update(nargs="+", type=item, metavar=field.name.upper())
         elif base is bool:
             kwargs.update(type=_parse_bool, nargs="?", const=True, metavar="BOOL")
+        elif "choices" in field.metadata:  # no metavar: --help shows {a,b,c}
+            kwargs.update(type=base, choices=field.metadata["choices"])
         else:
             kwargs.update(type=base, metavar=field.name.upper())
-        if "choices" in field.metadata:
-            kwargs["choices"] = field.metadata["choices"]
         group.add_argument(_flag(field.name), **kwargs)
 
 

@@ -34,14 +34,14 @@ class FillMaskConfig:
 
     def __post_init__(self) -> None:
         if self.top_k < 1:
-            raise ValueError(f"top_k must be at least 1, got {self.top_k}")
+            raise TpulmError(f"top_k must be at least 1, got {self.top_k}")
 
 
 @dataclass
 class Predictor:
     """A loaded model with its tokenizer, ready for :func:`fill_mask`."""
 
-    model: Any  # keras.Model from tpulm.model.roberta.build_model
+    model: Any  # tpulm.model.masked_lm.MaskedLM, from tpulm.model.networks.build_model
     tokenizer: Any  # tokenizers.Tokenizer
     mask_id: int
     pad_id: int

@@ -64,57 +64,6 @@ def latest_checkpoint(run_dir: str) -> tuple[int, str] | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def checkpoint_problem(folder: str, step: int) -> str | None:
-    """Why training cannot resume from checkpoint ``folder`` of ``step``; None when it can.
-
-    Complete means ``model.safetensors``, ``optimizer.safetensors`` and ``state.json`` present,
-    the two weight files as long as their headers say, and ``state.json`` valid JSON naming the
-    folder's step. A step-0 folder with only ``model.safetensors`` (``tpulm import``) is complete:
-    it starts a run from those weights.
-    """
-    from tpulm.model import weights  # numpy only; keeps this module light for readers
-
-    names = set(storage.listdir(folder))
-    needed = (MODEL_WEIGHTS,) if names == {MODEL_WEIGHTS} and step == 0 else (
-        MODEL_WEIGHTS, OPTIMIZER_WEIGHTS, STATE_NAME)
-    for name in needed:
-        path = storage.join(folder, name)
-        if name == STATE_NAME:
-            try:
-                state = storage.read_json(path)
-            except TpulmError:
-                return f"{name} is not valid JSON"
-            if state is None:
-                return f"{name} is missing"
-            if not isinstance(state, dict) or state.get("step") != step:
-                return f"{name} does not say step {step}"
-        else:
-            problem = weights.file_problem(path)
-            if problem:
-                return f"{name} is {problem}"
-    return None
-
-
-def resumable_checkpoint(run_dir: str) -> tuple[int, str, list[str]] | None:
-    """The newest complete checkpoint as (step, folder, newer ones skipped with why), or None.
-
-    Raises:
-        TpulmError: the run dir has checkpoints but none is complete (all are named).
-    """
-    skipped = []
-    for step, folder in reversed(list_checkpoints(run_dir)):
-        problem = checkpoint_problem(folder, step)
-        if problem is None:
-            return step, folder, skipped
-        skipped.append(f"{folder} ({problem})")
-    if skipped:
-        raise TpulmError(
-            f"run dir {run_dir} has no complete checkpoint: {'; '.join(skipped)}. Restore the "
-            "files, or move the checkpoints folder away to start over"
-        )
-    return None
-
-
 def run_checkpoint(run_dir: str, step: int | None = None) -> tuple[int, str]:
     """``(step, path of model.safetensors)`` of checkpoint ``step``, or of the latest one.
 

@@ -43,8 +43,8 @@ class LoadedModel:
     """A model read from a run dir, checkpoint or export folder (see :func:`load`)."""
 
     kind: str  # "run", "checkpoint" or "export"
-    model: Any  # keras.Model from tpulm.model.build_model, float32
-    config: Any  # tpulm.model.ModelConfig
+    model: Any  # tpulm.model.masked_lm.MaskedLM from tpulm.model.networks.build_model, float32
+    config: Any  # tpulm.model.config.ModelConfig
     tokenizer_dir: str
     run_dir: str | None  # the run dir of a run or checkpoint; None for an export folder
 

@@ -3,7 +3,7 @@
 Usage: ``KERAS_BACKEND=jax python tests/jax_worker.py JOBS.json RESULTS.json``. Each job is a
 dict with ``kind``:
 
-* ``train``: ``tpulm.training.loop.Trainer(TrainConfig(**config), model).fit()``; the result has the
+* ``train``: ``loop.Trainer(setup.prepare(TrainConfig(**config), model)).fit()``; the result has the
   TrainResult fields, the strategy name, the per-step train losses from ``metrics.jsonl``, and
   for ``shardings`` the partition spec and local shard shape of each listed variable path.
   With ``logits`` (an ``.npz`` of model inputs) it also writes the trained model's logits.
@@ -73,19 +73,21 @@ class SimulatedHosts:
 def train(job: dict) -> dict:
     import keras
 
-    from tpulm.training import loop
+    from tpulm.training import loop, setup
     from tpulm.training.config import TrainConfig
 
     keras.backend.clear_session()  # fresh layer names: checkpoint paths do not depend on history
-    session = loop.Trainer(TrainConfig(**job["config"]), dict(job.get("model", {})))
+    prepared = setup.prepare(TrainConfig(**job["config"]), dict(job.get("model", {})))
     if job.get("simulate_hosts"):
-        session.strategy = SimulatedHosts(session.strategy, job["simulate_hosts"])
+        prepared = dataclasses.replace(
+            prepared, strategy=SimulatedHosts(prepared.strategy, job["simulate_hosts"]))
+    session = loop.Trainer(prepared)
     result = session.fit()
     by_path = {v.path: v for v in list(session.model.weights) + list(session.optimizer.variables)}
     out = {
         **dataclasses.asdict(result),
-        "strategy": session.strategy_name,
-        "replicas": session.strategy.num_replicas_in_sync,
+        "strategy": prepared.strategy.name,
+        "replicas": prepared.strategy.num_replicas_in_sync,
         "losses": _losses(result.run_dir),
         "shardings": {p: _sharding(by_path[p]) for p in job.get("shardings", [])},
     }

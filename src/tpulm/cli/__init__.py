@@ -17,7 +17,7 @@ import pkgutil
 import sys
 
 from tpulm import __version__
-from tpulm.cli import _quiet
+from tpulm.cli import _common, _quiet
 from tpulm.errors import Interrupted, TpulmError, describe_os_error
 from tpulm.training import backends
 
@@ -35,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpulm",
         description=(
-            "Pretrain a RoBERTa-style masked language model from scratch: train a tokenizer, "
-            "write TFRecord shards, train on TPU/GPU/CPU, export to Hugging Face Transformers."
+            "Pretrain a RoBERTa or ModernBERT masked language model from scratch: train a "
+            "tokenizer, write TFRecord shards, train on TPU/GPU/CPU, export to Hugging Face "
+            f"Transformers. Model presets: {_common.presets_text()}."
         ),
     )
     parser.add_argument("--version", action="version", version=f"tpulm {__version__}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tpulm import config
+from tpulm.cli._common import command_group
 from tpulm.data.inspect import InspectConfig
 from tpulm.data.prepare import PrepareConfig
 
@@ -12,8 +13,7 @@ ORDER = 20
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("data", help="write and check TFRecord shards")
-    commands = parser.add_subparsers(dest="data_command", metavar="COMMAND")
+    commands = command_group(subparsers, "data", help="write and check TFRecord shards")
     prepare = commands.add_parser(
         "prepare",
         help="tokenize a corpus and pack it into max_length blocks in TFRecord shards",
@@ -39,7 +39,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     inspect.add_argument("path", metavar="DIR", help="a split folder or a folder of split folders")
     config.add_arguments(inspect, InspectConfig, skip=("path",))
     inspect.set_defaults(func=_inspect)
-    parser.set_defaults(func=lambda args: parser.print_help() or 2)
 
 
 def _prepare(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from tpulm import config
+from tpulm.cli._common import activate_backend
 
 ORDER = 45
 
@@ -39,15 +40,11 @@ def register(subparsers) -> None:
 
 def _evaluate(args: argparse.Namespace) -> int:
     from tpulm.evaluate import run
-    from tpulm.training import backends
 
     table = config.load_toml(args.config).get("evaluate", {}) if args.config else {}
     cfg = config.resolve(run.EvaluateConfig, args, table,
                          where=f"[evaluate] of {args.config}" if args.config else "the command line")
-    try:
-        backends.activate(cfg.backend)  # before anything imports Keras or TensorFlow
-    except backends.BackendMismatch as err:
-        backends.reexec(err.wanted)
+    activate_backend(cfg.backend)
     result = run.run(cfg)
     if args.json:
         print(json.dumps(result.tasks, indent=2))

@@ -6,14 +6,20 @@ import argparse
 import json
 import sys
 
+from tpulm.cli._common import presets_text
+
 ORDER = 40
 
 
 def register(subparsers) -> None:
     """Add the export, import and fill-mask commands."""
     export = subparsers.add_parser(
-        "export", help="write a Transformers checkpoint (RobertaForMaskedLM) from a run dir",
-        description="Write model.safetensors, config.json, the tokenizer and a model card.")
+        "export", help="write a Transformers checkpoint (RobertaForMaskedLM or "
+                       "ModernBertForMaskedLM) from a run dir",
+        description=(
+            "Write model.safetensors, config.json, the tokenizer and a model card: a "
+            "RobertaForMaskedLM or ModernBertForMaskedLM folder, after the run's architecture "
+            f"(model presets: {presets_text()})."))
     export.add_argument("run_dir", metavar="RUN_DIR", help="run dir (local or gs://)")
     export.add_argument("out_dir", metavar="OUT_DIR", nargs="?",
                         help="output folder (default: RUN_DIR/export)")
@@ -27,8 +33,12 @@ def register(subparsers) -> None:
     export.set_defaults(func=_export)
 
     imp = subparsers.add_parser(
-        "import", help="turn a Transformers RobertaForMaskedLM folder into a run dir",
-        description="Convert a RobertaForMaskedLM checkpoint so `tpulm train` continues from it.")
+        "import", help="turn a Transformers RobertaForMaskedLM or ModernBertForMaskedLM folder "
+                       "into a run dir",
+        description=(
+            "Convert a RobertaForMaskedLM or ModernBertForMaskedLM checkpoint (config.json's "
+            "model_type roberta or modernbert) so `tpulm train` continues from it; the "
+            f"architectures of tpulm's model presets ({presets_text()})."))
     imp.add_argument("hf_dir", metavar="HF_DIR", help="Transformers model folder")
     imp.add_argument("run_dir", metavar="RUN_DIR", help="run dir to create")
     imp.add_argument("--allow-pickle", action="store_true",

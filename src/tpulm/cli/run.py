@@ -6,6 +6,8 @@ import argparse
 import json
 import textwrap
 
+from tpulm.cli._common import activate_backend, presets_text
+
 ORDER = 50
 
 
@@ -18,9 +20,10 @@ def register(subparsers) -> None:
         help="run every stage: corpus, tokenizer, shards, training, export, report, fill-mask",
         description=(
             "Run the pipeline of a root config (tables [run], [tokenizer], [data], [model], "
-            "[train]) into one work dir. Stages already complete with the same settings are "
-            "skipped; an interrupted stage resumes; a changed setting reruns its stage and those "
-            "after it. Without --config: the offline demo on English text shipped with Python."
+            "[train], [evaluate]) into one work dir. Stages already complete with the same "
+            "settings are skipped; an interrupted stage resumes; a changed setting reruns its "
+            "stage and those after it. Without --config: the offline demo on English text "
+            "shipped with Python."
         ),
     )
     parser.add_argument("--config", default="demo",
@@ -38,9 +41,10 @@ def register(subparsers) -> None:
 
 
 def _epilog() -> str:
-    """The [run] and [model] settings (the other tables: `tpulm tokenizer train --help`,
-    `tpulm data prepare --help`, `tpulm train --help`)."""
+    """The [run], [model] and [evaluate] settings (the other tables: `tpulm tokenizer train
+    --help`, `tpulm data prepare --help`, `tpulm train --help`)."""
     from tpulm import config
+    from tpulm.evaluate.run import EvaluateConfig
     from tpulm.model.config import ModelConfig
     from tpulm.pipeline import RunConfig
 
@@ -50,8 +54,11 @@ def _epilog() -> str:
             "[train] take the flags of `tpulm tokenizer train`, `tpulm data prepare` and `tpulm "
             "train` (dashes as underscores), listed by their --help.", width=88),
         config.describe_table("run", RunConfig),
-        config.describe_table("model", ModelConfig, skip=("pad_token_id",))
-        + "\n  (over the preset named by [train] model: tiny, small, base, large)",
+        config.describe_table("model", ModelConfig, skip=("pad_token_id",)) + "\n"
+        + textwrap.fill(f"(over the preset named by [train] model: {presets_text()})", width=88,
+                        initial_indent="  ", subsequent_indent="  "),
+        config.describe_table("evaluate", EvaluateConfig, skip=("model",))
+        + "\n  (the evaluate stage runs when tasks or train_file are set; its model is the run)",
     ])
 
 
@@ -65,11 +72,22 @@ def _run(args: argparse.Namespace) -> int:
     if args.dataset:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
     tables = config.apply_overrides(config.load_toml(path), assignments)
-    from tpulm.training import backends
-
-    try:  # before any stage imports TensorFlow (and so Keras)
-        backends.activate(tables.get("train", {}).get("backend"))
-    except backends.BackendMismatch as err:
-        backends.reexec(err.wanted)
-    pipeline.run(tables, path, restart=args.restart)
+    activate_backend(tables.get("train", {}).get("backend"))  # before any stage imports Keras
+    result = pipeline.run(tables, path, restart=args.restart)
+    print(_closing_lines(result), flush=True)
     return 0
+
+
+def _closing_lines(result) -> str:
+    """The evaluation table (when the evaluate stage ran), the fill-mask answers, and where the
+    outputs went."""
+    from tpulm import fill_mask
+    from tpulm.evaluate.run import format_table
+    from tpulm.pipeline import stages
+
+    lines = []
+    if result.stages.get("evaluate") is not None:
+        lines.append(format_table(result.stages["evaluate"].tasks))
+    lines += [fill_mask.format_result(text, answer)
+              for text, answer in zip(result.plan.prompts, result.answers)]
+    return "\n".join([*lines, stages.outputs_summary(result.plan)])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tpulm import config
+from tpulm.cli._common import activate_backend, presets_text
 
 ORDER = 30
 
@@ -15,11 +16,11 @@ def register(subparsers) -> None:
 
     parser = subparsers.add_parser(
         "train",
-        help="train a RoBERTa masked language model from shards (rerun to resume)",
+        help="train a RoBERTa or ModernBERT masked language model from shards (rerun to resume)",
         description=(
             "Train from TFRecord shards on TPU, GPU(s) or CPU. Settings: defaults < the [train] "
             "and [model] tables of --config < flags. Rerunning the same command resumes from the "
-            "latest checkpoint of --run-dir."
+            f"latest checkpoint of --run-dir. Model presets (--model): {presets_text()}."
         ),
     )
     parser.add_argument("--config", metavar="FILE", help="TOML file with [train] and [model] tables")
@@ -29,13 +30,9 @@ def register(subparsers) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from tpulm import training
-    from tpulm.training import backends
 
     cfg, model_table = training.table_from_args(args)
-    try:
-        backends.activate(cfg.backend)  # before anything imports Keras or TensorFlow
-    except backends.BackendMismatch as err:
-        backends.reexec(err.wanted)  # Keras came in with another backend: start afresh
+    activate_backend(cfg.backend)
     result = training.run(cfg, model_table)
     lines = [
         f"run dir      {result.run_dir}",

@@ -15,7 +15,8 @@ on the local path; the packing unit is the split, not a file or a bundle. Per sp
    shard index; ``GroupByKey`` brings a shard's pieces together, which are put in stream order,
    reshaped into blocks and written by :class:`tpulm.data.shards.ShardWriter` (temporary name, then
    renamed into place, so a retried bundle rewrites the same bytes).
-4. The shard infos are gathered and the manifest (:func:`tpulm.data.splits.manifest`) is written last.
+4. The shard infos are gathered and the split is ended as on the local path
+   (:func:`tpulm.data.preparation.finish_split`): the manifest is written last.
 
 Keys fix every position, so a rerun writes identical shards on any runner. A run that stops
 part way leaves ``prepare-progress.json`` (the settings' identity); a rerun checks it and writes
@@ -27,10 +28,8 @@ the split again. Beam, the runner and its options come from ``apache-beam``
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
-from typing import Any
 
 import numpy as np
 
@@ -44,7 +43,6 @@ try:  # optional: this module is imported only for --runner, and says how to ins
 except ImportError:
     beam = None
 
-ERROR_KEY = "error"  # in prepare-progress.json: why the pipeline wrote no manifest
 _DoFn = beam.DoFn if beam is not None else object
 
 
@@ -194,12 +192,10 @@ class _WriteShard(_DoFn):
         n = len(stream) // length
         ids = stream[: n * length].astype(np.int64).reshape(n, length)
         mask = np.ones_like(ids)
-        rest = len(stream) - n * length  # non-zero only in the split's last shard
-        if rest and self.cfg.pad_remainder:
-            block = np.full((1, length), self.pad_id, np.int64)
-            block[0, :rest] = stream[n * length :]
-            ids = np.concatenate([ids, block])
-            mask = np.concatenate([mask, (np.arange(length) < rest)[None].astype(np.int64)])
+        rest = stream[n * length :]  # non-empty only in the split's last shard
+        if len(rest) and self.cfg.pad_remainder:
+            block, block_mask = preparation.pad_block(rest, length, self.pad_id)
+            ids, mask = np.concatenate([ids, block]), np.concatenate([mask, block_mask])
         if not len(ids):
             return
         writer = shards.ShardWriter(self.split_dir, self.cfg.shard_size, first_index=index)
@@ -213,44 +209,26 @@ class _WriteShard(_DoFn):
 
 
 def _finish(infos, layout, plan, cfg, vocab_size):
-    """Write the manifest last, or record why there is none (read back by the driver)."""
-    tokens = layout["tokens"]
-    where = preparation.where(plan.source)
-    if tokens == 0:
-        return _record_error(plan, f"the corpus is empty: no (non-empty) samples in {where}; check the input")
-    if not infos:
-        return _record_error(
-            plan, f"{where} has {tokens} tokens, fewer than one block of max_length "
-            f"{cfg.max_length}; lower --max-length or pass --pad-remainder"
-        )
-    dropped = 0 if cfg.pad_remainder else tokens % cfg.max_length
-    stats = {"samples": layout["samples"], "tokens": tokens, "tokens_dropped": dropped}
-    done = sorted(infos, key=lambda info: shards.parse_shard_name(info.file)[0])
-    shards.write_manifest(plan.split_dir, preparation.manifest(plan, cfg, done, stats, vocab_size))
-    progress = storage.join(plan.split_dir, preparation.PROGRESS_NAME)
-    if storage.exists(progress):
-        storage.remove(progress)
-
-
-def _record_error(plan, message: str) -> None:
-    state = {"identity": plan.identity, "resume": dataclasses.asdict(preparation.Resume()),
-             ERROR_KEY: message}
-    storage.makedirs(plan.split_dir)
-    storage.write_text(storage.join(plan.split_dir, preparation.PROGRESS_NAME),
-                       json.dumps(state, indent=1, sort_keys=True) + "\n")
+    """End the split as the local path does, or record why it has no manifest (the driver reads
+    it back: an exception here would reach it wrapped in the runner's own types)."""
+    try:
+        preparation.finish_split(plan, cfg, infos, layout["samples"], layout["tokens"], vocab_size)
+    except TpulmError as err:
+        storage.makedirs(plan.split_dir)
+        preparation.write_progress(plan, preparation.Resume(), error=str(err))
 
 
 # ---------------------------------------------------------------------------------------------
 # Building and running the pipeline
 
 
-def _add_split(pipeline, plan, files: list[str], cfg: PrepareConfig, pad_id: int, vocab_size: int):
+def _add_split(pipeline, plan, cfg: PrepareConfig, pad_id: int, vocab_size: int):
     """The steps of one split, labelled ``<split>/...``."""
     label = plan.split
     shard_tokens = cfg.shard_size * cfg.max_length
     tokenized = (
         pipeline
-        | f"{label}/files" >> beam.Create(list(enumerate(files)))
+        | f"{label}/files" >> beam.Create(list(enumerate(plan.files)))
         | f"{label}/spread" >> beam.Reshuffle()
         | f"{label}/tokenize" >> beam.ParDo(_Tokenize(cfg, plan.source))
     )
@@ -274,30 +252,21 @@ def _add_split(pipeline, plan, files: list[str], cfg: PrepareConfig, pad_id: int
     )
 
 
-def _plans(cfg: PrepareConfig, fp: str) -> list[tuple[Any, list[str]]]:
-    """(plan, files) of every split, checked before anything is written."""
-    plans = []
-    for split, source in cfg.sources().items():
-        if not source.files:
-            raise TpulmError(
-                "--runner reads input files; for a 🤗 dataset pass its files instead, e.g. "
-                "--train-files 'hf://datasets/<name>/<path>/*.parquet'"
-            )
-        files = corpus.resolve_files(source.files)  # a missing input fails here
-        identity = preparation.identity(cfg, source, fp)
-        plans.append((preparation.Plan(split, storage.join(cfg.output, split), source, identity), files))
+def _plans(cfg: PrepareConfig, fp: str) -> list[preparation.SplitPlan]:
+    """The plan of every split, checked before anything is written."""
+    plans = preparation.plan_splits(cfg, fp)
+    if not all(plan.files for plan in plans):
+        raise TpulmError(
+            "--runner reads input files; for a 🤗 dataset pass its files instead, e.g. "
+            "--train-files 'hf://datasets/<name>/<path>/*.parquet'"
+        )
     return plans
 
 
 def _reset(plan) -> bool:
     """Clear a split folder for a fresh run; False when it already holds this exact result."""
-    state = preparation.check_existing(plan)  # an error for shards of other settings
-    if isinstance(state, shards.Manifest):
+    if isinstance(preparation.reopen(plan, resume=False), shards.Manifest):
         return False
-    if storage.isdir(plan.split_dir):
-        shards.remove_temporaries(plan.split_dir)
-        for path in shards.list_shards(plan.split_dir):
-            storage.remove(path)  # rewritten byte for byte by the pipeline
     storage.makedirs(plan.split_dir)
     preparation.write_progress(plan, preparation.Resume())
     return True
@@ -306,10 +275,8 @@ def _reset(plan) -> bool:
 def _split_result(plan, seconds: float, resumed: int) -> preparation.SplitSummary:
     manifest = shards.read_manifest(plan.split_dir)
     if manifest is None:
-        path = storage.join(plan.split_dir, preparation.PROGRESS_NAME)
-        state = preparation.read_json(path) if storage.exists(path) else {}
-        problem = state.get(ERROR_KEY) or f"the Beam pipeline wrote no manifest in {plan.split_dir}"
-        raise TpulmError(problem)
+        problem = preparation.recorded_error(plan)
+        raise TpulmError(problem or f"the Beam pipeline wrote no manifest in {plan.split_dir}")
     added = manifest.stats.get("tokens", 0) if resumed == 0 else 0
     return preparation.summary(plan, manifest, seconds, added, resumed)
 
@@ -325,15 +292,14 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     runner = create_runner(cfg.runner)
     options = pipeline_options(cfg)
     folder = preparation.packing_tokenizer(cfg.tokenizer)  # checks it before any worker starts
-    tok, pad_id = folder.tokenizer, folder.special.pad_id
-    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    pad_id, vocab_size = folder.special.pad_id, folder.vocab_size
     plans = _plans(cfg, folder.fingerprint)
-    todo = [(plan, files) for plan, files in plans if _reset(plan)]
+    todo = [plan for plan in plans if _reset(plan)]
     start = time.perf_counter()
     if todo:
         pipeline = beam.Pipeline(runner=runner, options=options)
-        for plan, files in todo:
-            _add_split(pipeline, plan, files, cfg, pad_id, vocab_size)
+        for plan in todo:
+            _add_split(pipeline, plan, cfg, pad_id, vocab_size)
         try:
             pipeline.run().wait_until_finish()
         except TpulmError:
@@ -342,10 +308,10 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise TpulmError(f"the Beam pipeline on {cfg.runner} failed: {first}") from None
     seconds = time.perf_counter() - start
-    pending = {plan.split for plan, _ in todo}
+    pending = {plan.split for plan in todo}
     summaries = {
         plan.split: _split_result(plan, seconds if plan.split in pending else 0.0,
                                   0 if plan.split in pending else -1)
-        for plan, _ in plans
+        for plan in plans
     }
     return preparation.PrepareResult(output=cfg.output, splits=summaries)

@@ -1,7 +1,8 @@
 """Settings and bookkeeping of `tpulm data prepare`, shared by its local path
 (:mod:`tpulm.data.prepare`) and its Beam path (:mod:`tpulm.data.beam`): ``PrepareConfig``, and for
 each split its plan, the identity a rerun must match, the resume point and progress file, the
-manifest written last, and the summary.
+padded last block, and the ending both runners share (the errors for a split too short to fill a
+block, the manifest written last, the progress file removed) and the summary.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tpulm.errors import TpulmError
 log = logging.getLogger(__name__)
 
 PROGRESS_NAME = "prepare-progress.json"
+ERROR_KEY = "error"  # in the progress file: why a run wrote no manifest
 MAX_LENGTH_RANGE = (2, 65536)
 SPLITS = ("train", "validation", "test")
 
@@ -111,13 +113,14 @@ class PrepareResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class SplitPlan:
     """Everything fixed for one split: where, what, and the identity a rerun must match."""
 
     split: str
     split_dir: str
     source: corpus.Source
     identity: dict[str, Any]
+    files: tuple[str, ...] = ()  # the source's files, globs resolved (none for a 🤗 dataset)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +150,22 @@ def identity(cfg: PrepareConfig, source: corpus.Source, fp: str) -> dict[str, An
     }
 
 
+def plan_splits(cfg: PrepareConfig, fingerprint: str) -> list[SplitPlan]:
+    """The plan of every split ``cfg`` names; a missing input fails here, before anything is
+    written.
+
+    Args:
+        cfg: the resolved settings.
+        fingerprint: the tokenizer's fingerprint, part of every split's identity.
+    """
+    plans = []
+    for split, source in cfg.sources().items():
+        files = tuple(corpus.resolve_files(source.files)) if source.files else ()
+        plans.append(SplitPlan(split, storage.join(cfg.output, split), source,
+                               identity(cfg, source, fingerprint), files))
+    return plans
+
+
 def _mismatch(found: dict[str, Any], wanted: dict[str, Any], split_dir: str) -> str | None:
     """A message saying how an existing split folder differs from this run, or None."""
     if found.get("tokenizer_fingerprint") != wanted["tokenizer_fingerprint"]:
@@ -171,7 +190,7 @@ def read_json(path: str) -> dict[str, Any]:
         raise TpulmError(f"{path} is not valid JSON ({err}); delete the folder and rerun") from None
 
 
-def check_existing(plan: Plan) -> Resume | shards.Manifest:
+def check_existing(plan: SplitPlan) -> Resume | shards.Manifest:
     """The finished manifest, or where to resume; an error for a folder of other shards."""
     if not storage.isdir(plan.split_dir):
         return Resume()
@@ -208,7 +227,7 @@ def check_existing(plan: Plan) -> Resume | shards.Manifest:
     return resume
 
 
-def _verified(plan: Plan, manifest: shards.Manifest) -> Resume | shards.Manifest:
+def _verified(plan: SplitPlan, manifest: shards.Manifest) -> Resume | shards.Manifest:
     """The manifest when every shard it lists is there with its recorded size; else the split
     is prepared again (its manifest removed first, so an interrupted repair resumes as any run)
     rather than called complete over missing or truncated shards."""
@@ -222,11 +241,40 @@ def _verified(plan: Plan, manifest: shards.Manifest) -> Resume | shards.Manifest
     return Resume()
 
 
-def write_progress(plan: Plan, resume: Resume) -> None:
-    """Record the identity and the latest resume point (small: rewritten after every shard)."""
+def write_progress(plan: SplitPlan, resume: Resume, error: str | None = None) -> None:
+    """Record the identity and the latest resume point (small: rewritten after every shard), and
+    ``error``: why a run wrote no manifest, for a driver that cannot catch it (Beam's)."""
     state = {"identity": plan.identity, "resume": dataclasses.asdict(resume)}
+    if error is not None:
+        state[ERROR_KEY] = error
     text = json.dumps(state, indent=1, sort_keys=True)
     storage.write_text(storage.join(plan.split_dir, PROGRESS_NAME), text + "\n")
+
+
+def recorded_error(plan: SplitPlan) -> str | None:
+    """The error :func:`write_progress` recorded for the split, if any."""
+    path = storage.join(plan.split_dir, PROGRESS_NAME)
+    return read_json(path).get(ERROR_KEY) if storage.exists(path) else None
+
+
+def reopen(plan: SplitPlan, resume: bool) -> Resume | shards.Manifest:
+    """The finished manifest, or the split folder made ready for a run: temporaries and the
+    shards after the resume point (all shards unless ``resume``) removed, to be rewritten byte
+    for byte.
+
+    Raises:
+        TpulmError: the folder holds shards of other settings or of unknown origin.
+    """
+    state = check_existing(plan)
+    if isinstance(state, shards.Manifest):
+        return state
+    if not resume:
+        state = Resume()
+    if storage.isdir(plan.split_dir):
+        shards.remove_temporaries(plan.split_dir)
+        for path in shards.list_shards(plan.split_dir)[state.shards :]:
+            storage.remove(path)
+    return state
 
 
 def flatten(encodings: list) -> tuple[np.ndarray, np.ndarray]:
@@ -237,8 +285,51 @@ def flatten(encodings: list) -> tuple[np.ndarray, np.ndarray]:
     return flat, lengths
 
 
-def manifest(plan: Plan, cfg: PrepareConfig, done: list, stats: dict, vocab_size: int):
-    """The manifest of a finished split ."""
+def pad_block(rest: np.ndarray, max_length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stream's last tokens (fewer than ``max_length``) as one padded block: ids and an
+    ``attention_mask`` that is 0 on the padding, both int64 (1, max_length)."""
+    ids = np.full((1, max_length), pad_id, np.int64)
+    ids[0, : len(rest)] = rest
+    mask = (np.arange(max_length) < len(rest))[None].astype(np.int64)
+    return ids, mask
+
+
+def finish_split(plan: SplitPlan, cfg: PrepareConfig, infos: list, samples: int, tokens: int,
+                 vocab_size: int) -> shards.Manifest:
+    """End a split whose shards are all written: its manifest last, then no progress file.
+
+    Args:
+        plan: the split.
+        cfg: the settings it was prepared with.
+        infos: the :class:`shards.ShardInfo` of every shard, in any order.
+        samples: samples in the split.
+        tokens: tokens in the split's stream (its length, remainder included).
+        vocab_size: the tokenizer's vocabulary size.
+
+    Raises:
+        TpulmError: the split has no tokens, or too few for one block (so no shard).
+    """
+    if tokens == 0:
+        raise TpulmError(f"the corpus is empty: no (non-empty) samples in {where(plan.source)}; "
+                         "check the input")
+    if not infos:
+        raise TpulmError(
+            f"{where(plan.source)} has {tokens} tokens, fewer than one block of max_length "
+            f"{cfg.max_length}; lower --max-length or pass --pad-remainder"
+        )
+    dropped = 0 if cfg.pad_remainder else tokens % cfg.max_length
+    stats = {"samples": samples, "tokens": tokens, "tokens_dropped": dropped}
+    done = sorted(infos, key=lambda info: shards.parse_shard_name(info.file)[0])
+    finished = manifest(plan, cfg, done, stats, vocab_size)
+    shards.write_manifest(plan.split_dir, finished)
+    progress = storage.join(plan.split_dir, PROGRESS_NAME)
+    if storage.exists(progress):
+        storage.remove(progress)
+    return finished
+
+
+def manifest(plan: SplitPlan, cfg: PrepareConfig, done: list, stats: dict, vocab_size: int):
+    """The manifest of a finished split."""
     keys = ("tokenizer_fingerprint", "max_length")
     arguments = {k: v for k, v in plan.identity.items() if k not in keys}
     arguments.update(tokenizer=cfg.tokenizer, batch_size=cfg.batch_size,
@@ -261,7 +352,7 @@ def where(source: corpus.Source) -> str:
     return "/".join(str(described[k]) for k in ("dataset", "config", "split") if described[k])
 
 
-def summary(plan: Plan, manifest: shards.Manifest, seconds: float, added: int, resumed: int):
+def summary(plan: SplitPlan, manifest: shards.Manifest, seconds: float, added: int, resumed: int):
     stats = manifest.stats
     return SplitSummary(
         split=plan.split,

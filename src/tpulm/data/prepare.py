@@ -28,7 +28,6 @@ import numpy as np
 from tpulm import storage
 from tpulm.data import corpus, preparation, shards
 from tpulm.data.preparation import PrepareConfig
-from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class _Packer:
     starts, counting the skipped tokens of a resumed sample.
     """
 
-    def __init__(self, plan: preparation.Plan, cfg: PrepareConfig, resume: preparation.Resume, pad_id: int):
+    def __init__(self, plan: preparation.SplitPlan, cfg: PrepareConfig, resume: preparation.Resume, pad_id: int):
         self.plan, self.cfg, self.pad_id = plan, cfg, pad_id
         self.block_tokens = cfg.shard_size * cfg.max_length  # tokens per full shard
         self.done = [  # infos of the finished shards; full ones are all alike
@@ -134,18 +133,12 @@ class _Packer:
         self.done.append(info)
         preparation.write_progress(self.plan, preparation.Resume(len(self.done), self.sample + used, skip))
 
-    def finish(self) -> int:
-        """Write the last (partial) shard; returns the tokens dropped."""
-        dropped = len(self.carry)
+    def finish(self) -> None:
+        """Write the last (partial) shard, with the remainder padded under ``pad_remainder``."""
         self.writer.after_rename = self._record_last  # no resume point needed after this
-        if self.cfg.pad_remainder and dropped:
-            block = np.full((1, self.cfg.max_length), self.pad_id, np.int64)
-            mask = np.zeros_like(block)
-            block[0, :dropped], mask[0, :dropped] = self.carry, 1
-            self.writer.add(block, mask)
-            dropped = 0
+        if self.cfg.pad_remainder and len(self.carry):
+            self.writer.add(*preparation.pad_block(self.carry, self.cfg.max_length, self.pad_id))
         self.writer.close()
-        return dropped
 
     def _record_last(self, info: shards.ShardInfo) -> None:
         self.done.append(info)
@@ -167,9 +160,9 @@ def _progress_bar(cfg: PrepareConfig, split: str):
                 ncols=None if sized else 80, nrows=None if sized else 24)
 
 
-def _pack_all(plan: preparation.Plan, cfg: PrepareConfig, tok, resume: preparation.Resume, pad_id: int):
-    """Run the packer over the split's remaining samples; returns (packer, tokens dropped,
-    tokens added by this run)."""
+def _pack_all(plan: preparation.SplitPlan, cfg: PrepareConfig, tok, resume: preparation.Resume, pad_id: int):
+    """Run the packer over the split's remaining samples; returns (packer, tokens added by this
+    run)."""
     packer = _Packer(plan, cfg, resume, pad_id)
     added = 0
     bar = _progress_bar(cfg, plan.split)
@@ -178,42 +171,28 @@ def _pack_all(plan: preparation.Plan, cfg: PrepareConfig, tok, resume: preparati
             n = packer.add(encodings)
             added += n
             bar.update(n)
-        dropped = packer.finish()
+        packer.finish()
     except BaseException:
         packer.writer.abort()
         raise
     finally:
         bar.close()
-    return packer, dropped, added
+    return packer, added
 
 
-def prepare_split(plan: preparation.Plan, cfg: PrepareConfig, tok, pad_id: int, vocab_size: int) -> preparation.SplitSummary:
+def prepare_split(plan: preparation.SplitPlan, cfg: PrepareConfig, tok, pad_id: int,
+                  vocab_size: int) -> preparation.SplitSummary:
     """Prepare (or finish preparing) one split folder and write its manifest last."""
-    state = preparation.check_existing(plan)
+    state = preparation.reopen(plan, resume=True)
     if isinstance(state, shards.Manifest):
         log.info("%s is already complete; nothing to do", plan.split_dir)
         return preparation.summary(plan, state, seconds=0.0, added=0, resumed=-1)
-    if storage.isdir(plan.split_dir):
-        shards.remove_temporaries(plan.split_dir)
-        for path in shards.list_shards(plan.split_dir)[state.shards :]:
-            storage.remove(path)  # after the resume point: rewritten below, byte for byte
     if state.shards:
         log.info("%s: resuming after %d finished shards", plan.split_dir, state.shards)
     start = time.perf_counter()
-    packer, dropped, added = _pack_all(plan, cfg, tok, state, pad_id)
-    if packer.pos == 0:
-        raise TpulmError(f"the corpus is empty: no (non-empty) samples in {preparation.where(plan.source)}; check the input")
-    if not packer.done:
-        raise TpulmError(
-            f"{preparation.where(plan.source)} has {packer.pos} tokens, fewer than one block of max_length "
-            f"{cfg.max_length}; lower --max-length or pass --pad-remainder"
-        )
-    stats = {"samples": packer.sample, "tokens": packer.pos, "tokens_dropped": dropped}
-    manifest = preparation.manifest(plan, cfg, packer.done, stats, vocab_size)
-    shards.write_manifest(plan.split_dir, manifest)
-    progress = storage.join(plan.split_dir, preparation.PROGRESS_NAME)
-    if storage.exists(progress):
-        storage.remove(progress)
+    packer, added = _pack_all(plan, cfg, tok, state, pad_id)
+    manifest = preparation.finish_split(plan, cfg, packer.done, packer.sample, packer.pos,
+                                        vocab_size)
     seconds = time.perf_counter() - start
     return preparation.summary(plan, manifest, seconds, added, resumed=state.shards)
 
@@ -239,14 +218,9 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
         from tpulm.data import beam
 
         return beam.run(cfg)
-    sources = cfg.sources()
-    for source in sources.values():
-        if source.files:
-            corpus.resolve_files(source.files)  # a missing input fails before anything is written
     folder = preparation.packing_tokenizer(cfg.tokenizer)
-    tok, specials, fp, vocab_size = folder.tokenizer, folder.special, folder.fingerprint, folder.vocab_size
     summaries = {}
-    for split, source in sources.items():
-        plan = preparation.Plan(split, storage.join(cfg.output, split), source, preparation.identity(cfg, source, fp))
-        summaries[split] = prepare_split(plan, cfg, tok, specials.pad_id, vocab_size)
+    for plan in preparation.plan_splits(cfg, folder.fingerprint):
+        summaries[plan.split] = prepare_split(plan, cfg, folder.tokenizer, folder.special.pad_id,
+                                              folder.vocab_size)
     return preparation.PrepareResult(output=cfg.output, splits=summaries)

@@ -21,10 +21,10 @@ from tpulm import config
 from tpulm.errors import TpulmError
 from tpulm.evaluate import metrics
 from tpulm.evaluate.tasks import CLASSIFICATION, Split, Task
+from tpulm.training.distribution import JIT_MODES, check_jit_mode
 
 log = logging.getLogger(__name__)
 
-JIT_MODES = ("auto", "true", "false")
 # RoBERTa's GLUE learning rate is ~2e-5 at hidden size 768; narrower models take larger steps, so
 # the default scales as 1/hidden from there (1.2e-4 at hidden 128), between 1e-5 and 1e-3. A rule
 # of thumb, not a tuned value: pass --learning-rate for a sweep.
@@ -58,8 +58,7 @@ class FinetuneConfig:
             raise TpulmError("warmup, weight_decay and clip_norm must be >= 0")
         if not 0 <= self.dropout < 1:
             raise TpulmError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.jit_compile not in JIT_MODES:
-            raise TpulmError(f"jit_compile must be one of {', '.join(JIT_MODES)}")
+        check_jit_mode(self.jit_compile)
 
 
 def peak_learning_rate(cfg: FinetuneConfig, hidden_size: int) -> float:
@@ -117,15 +116,10 @@ class SeedRun:
 
 
 def _jit(mode: str) -> bool:
-    import keras
-
-    if keras.backend.backend() == "jax":
-        return mode != "false"
-    import tensorflow as tf
-
+    """XLA or not, by the rule pretraining uses for this process's devices."""
     from tpulm.training import strategies
 
-    return strategies.use_xla(tf.distribute.get_strategy(), mode)
+    return strategies.local().use_xla(mode)
 
 
 def _compile(model, task: Task, cfg: FinetuneConfig, peak: float, total_steps: int) -> None:

@@ -2,8 +2,9 @@
 
 The head reads the hidden state of the first token (``[CLS]`` / ``<s>``): dropout, dense + tanh,
 dropout, dense to the outputs, as Transformers' ``RobertaClassificationHead`` (same sublayer
-names, ``dense`` and ``out_proj``). The encoder is reached through :func:`encoder_states` only,
-so another network with an ``encode(inputs, training)`` method fits unchanged.
+names, ``dense`` and ``out_proj``). The network's parts are reached by attribute, the same for
+every architecture (:class:`tpulm.model.masked_lm.MaskedLM`): ``network.backbone.encode`` gives
+the hidden states and ``network.lm_head`` is the head left unused.
 """
 
 from __future__ import annotations
@@ -13,24 +14,19 @@ from typing import Any
 import keras
 from keras import ops
 
+from tpulm.model.masked_lm import MaskedLM
+
 HEAD_NAME = "classifier"
 
 
-def encoder_states(network: keras.Model, inputs: dict, training=None):
-    """The encoder's last hidden states, (batch, seq, hidden), of a tpulm masked-LM network."""
-    return network.encode(inputs, training=training)
-
-
-def freeze_lm_head(network: keras.Model) -> None:
+def freeze_lm_head(network: MaskedLM) -> None:
     """Make the masked-LM head's own variables non-trainable: fine-tuning never uses them.
 
-    By variable path, not ``layer.trainable``: the head holds the tied word embedding as a
+    Variable by variable, not ``lm_head.trainable``: the head holds the tied word embedding as a
     sublayer, and freezing the layer would freeze the embeddings too.
     """
-    head = {"roberta": "/lm_head/", "modernbert": "/head/"}[network.cfg.architecture]
-    for variable in network.weights:
-        if head in variable.path:
-            variable.trainable = False
+    for variable in network.lm_head.own_weights():
+        variable.trainable = False
 
 
 class ClassificationHead(keras.layers.Layer):
@@ -83,7 +79,7 @@ class SequenceClassifier(keras.Model):
         dropout: the head's dropout rate.
     """
 
-    def __init__(self, network: keras.Model, num_outputs: int, dropout: float = 0.1,
+    def __init__(self, network: MaskedLM, num_outputs: int, dropout: float = 0.1,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.network = network
@@ -94,5 +90,5 @@ class SequenceClassifier(keras.Model):
         self.head.build((None, network.cfg.hidden_size))
 
     def call(self, inputs, training=None):
-        states = encoder_states(self.network, inputs, training=training)
+        states = self.network.backbone.encode(inputs, training=training)
         return ops.cast(self.head(states[:, 0, :], training=training), "float32")

@@ -15,7 +15,8 @@ from tpulm.hf.convert import hf_to_keras, model_config_from_hf
 class ImportConfig:
     """Settings of ``tpulm import``."""
 
-    hf_dir: str = config.setting("", "Transformers RobertaForMaskedLM folder")
+    hf_dir: str = config.setting(
+        "", "Transformers RobertaForMaskedLM or ModernBertForMaskedLM folder")
     run_dir: str = config.setting("", "run dir to create")
     allow_pickle: bool = config.setting(False, "allow reading pytorch_model.bin (a pickle)")
     overwrite: bool = config.setting(False, "replace RUN_DIR if it exists")

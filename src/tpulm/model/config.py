@@ -1,7 +1,7 @@
 """Sizes of a masked language model (``ModelConfig``), shipped presets and a run dir's model.
 
 Keras-free: reading a config, a preset or a run dir's ``[model]`` table imports no Keras or
-TensorFlow; the networks live beside it (:mod:`tpulm.model.roberta`).
+TensorFlow; the networks live beside it (:mod:`tpulm.model.networks` builds them).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Sizes of a RoBERTa masked language model (the ``[model]`` table of a config file)."""
+    """Sizes and architecture of a masked language model, RoBERTa or ModernBERT (the ``[model]``
+    table of a config file)."""
 
     vocab_size: int = dataclasses.field(
         metadata={"help": "vocabulary size; always taken from the tokenizer", "cli": False})
@@ -66,25 +67,25 @@ class ModelConfig:
                     "max_position_embeddings", "type_vocab_size")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+                raise TpulmError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(
+            raise TpulmError(
                 f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}"
             )
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id {self.pad_token_id} is outside vocab_size {self.vocab_size}")
+            raise TpulmError(f"pad_token_id {self.pad_token_id} is outside vocab_size {self.vocab_size}")
         if self.max_positions < 1:
-            raise ValueError(
+            raise TpulmError(
                 f"max_position_embeddings {self.max_position_embeddings} leaves no position after "
                 f"the offset pad_token_id + 1 = {self.pad_token_id + 1}"
             )
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+                raise TpulmError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("layer_norm_eps and initializer_range must be positive")
+            raise TpulmError("layer_norm_eps and initializer_range must be positive")
         if self.architecture not in ARCHITECTURES:
-            raise ValueError(
+            raise TpulmError(
                 f"architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
         if self.architecture == "modernbert":
             _check_modernbert(self)
@@ -104,17 +105,17 @@ class ModelConfig:
 
 
 def _check_modernbert(cfg: ModelConfig) -> None:
-    """Raise ValueError for ModernBERT settings the network cannot run."""
+    """Raise TpulmError for ModernBERT settings the network cannot run."""
     head_dim, rest = divmod(cfg.hidden_size, cfg.num_heads)
     if rest or head_dim % 2:
-        raise ValueError(f"modernbert needs an even head size hidden_size / num_heads for RoPE, "
+        raise TpulmError(f"modernbert needs an even head size hidden_size / num_heads for RoPE, "
                          f"got {cfg.hidden_size} / {cfg.num_heads}")
     for name in ("local_attention", "global_attn_every_n_layers", "global_rope_theta",
                  "local_rope_theta", "initializer_cutoff_factor"):
         if getattr(cfg, name) <= 0:
-            raise ValueError(f"{name} must be positive, got {getattr(cfg, name)}")
+            raise TpulmError(f"{name} must be positive, got {getattr(cfg, name)}")
     if cfg.activation not in GELU_APPROXIMATE:
-        raise ValueError(f"activation must be one of {sorted(GELU_APPROXIMATE)}, "
+        raise TpulmError(f"activation must be one of {sorted(GELU_APPROXIMATE)}, "
                          f"got {cfg.activation!r}")
 
 

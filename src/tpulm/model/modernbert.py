@@ -1,4 +1,4 @@
-"""ModernBERT encoder + masked-LM head in Keras 3 ops, the same function as Transformers'
+"""ModernBERT backbone + masked-LM head in Keras 3 ops, the same function as Transformers'
 ``ModernBertForMaskedLM`` for the same weights, on any Keras backend (TensorFlow, JAX).
 
 The network (Warner et al. 2024, "Smarter, Better, Faster, Longer"), as Transformers builds it:
@@ -16,19 +16,10 @@ The network (Warner et al. 2024, "Smarter, Better, Faster, Longer"), as Transfor
 Biases follow the config switches (``attention_bias``, ``mlp_bias``, ``norm_bias``,
 ``classifier_bias``, ``decoder_bias``), all off but the decoder's by default, as in Transformers.
 
-Model inputs are a dict (the RoBERTa interface of :mod:`tpulm.model` plus two optional entries)::
-
-    input_ids        (batch, seq) int32
-    attention_mask   (batch, seq) int, 1 = real token
-    masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
-                     (offsets into the flattened batch: see ``tpulm.model.ops.gather_positions``)
-    segment_ids      (batch, seq) int32, optional: document index inside a packed block, 0 =
-                     padding; a query then attends only to keys of its own (nonzero) document,
-                     on local layers inside the sliding window too
-    position_ids     (batch, seq) int32, optional: position of each token inside its document
-                     (from 0); RoPE uses them instead of 0..seq-1
-
-and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
+Inputs, outputs and the backbone/head split are those of :mod:`tpulm.model.masked_lm`; with
+``segment_ids`` a query attends only to keys of its own (nonzero) document, on local layers inside
+the sliding window too, and RoPE uses ``position_ids`` (from 0 in each document) instead of
+``0..seq-1``.
 
 The sliding window is applied as a dense (seq, seq) mask: exact, but the attention cost stays
 quadratic in the sequence length (no block-sparse kernel).
@@ -40,12 +31,12 @@ the head's dense; biases 0, LayerNorm gains 1. The decoder shares the embedding 
 keeps the embedding std (Transformers would re-initialise the tied tensor with the "out" std
 last; the table is the input embedding first).
 
-Variable paths (``modernbert_mlm/...``) are the contract of :mod:`tpulm.hf_modernbert`.
+Variable paths (``modernbert_mlm/...``) are the contract of :mod:`tpulm.hf.modernbert` and of
+checkpoints: do not rename layers without updating it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -54,7 +45,7 @@ import numpy as np
 from keras import ops
 
 from tpulm.model.config import GELU_APPROXIMATE, ModelConfig
-from tpulm.model.ops import gather_positions
+from tpulm.model.masked_lm import Backbone, ConfigLayer, MaskedLM, MaskedLMHead
 
 
 def is_global(cfg: ModelConfig, layer: int) -> bool:
@@ -123,7 +114,7 @@ def apply_rope(x, cos, sin):
     return ops.cast(xf * cos + rotated * sin, x.dtype)
 
 
-class ModernBertBlock(keras.layers.Layer):
+class ModernBertBlock(ConfigLayer):
     """One pre-norm block: RoPE self-attention (global or sliding window), then a GeGLU MLP.
 
     Args:
@@ -131,9 +122,10 @@ class ModernBertBlock(keras.layers.Layer):
         layer: the block's index (block 0 has no attention LayerNorm; see :func:`is_global`).
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cfg, self.layer = cfg, layer
+    def __init__(self, cfg: ModelConfig | dict[str, Any], layer: int, **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)
+        self.layer = layer
+        cfg = self.cfg
         self.head_dim = cfg.hidden_size // cfg.num_heads
         std_in = cfg.initializer_range
         std_out = cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
@@ -167,7 +159,6 @@ class ModernBertBlock(keras.layers.Layer):
             if layer is not None:
                 layer.build(input_shape)
         self.mlp_out.build((*input_shape[:-1], self.cfg.intermediate_size))
-        self.built = True
 
     def _attend(self, x, rope, mask, training):
         """Attention context (batch, seq, hidden); ``mask`` bool, broadcastable to (b, h, q, k)."""
@@ -197,66 +188,40 @@ class ModernBertBlock(keras.layers.Layer):
         return x + self.mlp_out(self.mlp_dropout(self.act(gate_in) * gate, training=training))
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg), "layer": self.layer}
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any]):
-        config = dict(config)
-        return cls(ModelConfig(**config.pop("cfg")), **config)
+        return {**super().get_config(), "layer": self.layer}
 
 
-class ModernBertHead(keras.layers.Layer):
-    """``norm(act(dense(x)))`` then the decoder tied to the token embeddings, plus a bias.
+class ModernBertHead(MaskedLMHead):
+    """``norm(act(dense(x)))`` then the decoder tied to the token embeddings, plus
+    ``decoder_bias`` when ``cfg.decoder_bias``."""
 
-    Args:
-        cfg: the model config.
-        token_embedding: the ``keras.layers.Embedding`` whose table is the decoder (tied; its
-            variable lives in the embedding layer only).
-    """
+    @property
+    def bias_name(self) -> str | None:
+        return "decoder_bias" if self.cfg.decoder_bias else None
 
-    def __init__(self, cfg: ModelConfig, token_embedding: keras.layers.Embedding,
-                 **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cfg = cfg
-        self.token_embedding = token_embedding
+    def dense_and_norm(self) -> tuple[keras.layers.Dense, keras.layers.LayerNormalization]:
+        cfg = self.cfg
         std_out = cfg.initializer_range / math.sqrt(2.0 * cfg.num_layers)
-        self.dense = keras.layers.Dense(
+        dense = keras.layers.Dense(
             cfg.hidden_size, use_bias=cfg.classifier_bias, activation=_activation(cfg.activation),
             kernel_initializer=CutTruncatedNormal(std_out, cfg.initializer_cutoff_factor),
             name="dense", dtype=self.dtype_policy)
-        self.norm = keras.layers.LayerNormalization(
+        norm = keras.layers.LayerNormalization(
             epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="norm", dtype=self.dtype_policy)
-
-    def build(self, input_shape) -> None:
-        self.dense.build(input_shape)
-        self.norm.build(input_shape)
-        self.bias = (self.add_weight(shape=(self.cfg.vocab_size,), initializer="zeros",
-                                     name="decoder_bias") if self.cfg.decoder_bias else None)
-        self.built = True
-
-    def call(self, x):
-        x = self.norm(self.dense(x))
-        table = ops.cast(self.token_embedding.embeddings, x.dtype)  # (vocab, hidden)
-        logits = ops.matmul(x, ops.transpose(table))
-        if self.bias is not None:
-            logits = logits + ops.cast(self.bias, x.dtype)
-        return ops.cast(logits, "float32")
-
-    def get_config(self) -> dict[str, Any]:
-        # The tied embedding is a live layer, not a setting: ModernBertMaskedLM passes it in.
-        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
+        return dense, norm
 
 
-class ModernBertMaskedLM(keras.Model):
-    """ModernBERT encoder + MLM head; see the module docstring for inputs and outputs.
+class ModernBertBackbone(Backbone):
+    """Token embeddings, LayerNorm, dropout, ``num_layers`` :class:`ModernBertBlock` s, final
+    LayerNorm: the encoder's hidden states.
 
     Args:
-        cfg: the model config (``architecture = "modernbert"``), or its fields as a dict.
+        cfg: the model config (``architecture = "modernbert"``).
     """
 
     def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cfg = cfg = cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+        super().__init__(cfg, **kwargs)
+        cfg = self.cfg
         common = dict(dtype=self.dtype_policy)
         self.tok_embeddings = keras.layers.Embedding(
             cfg.vocab_size, cfg.hidden_size, name="tok_embeddings", **common,
@@ -270,14 +235,16 @@ class ModernBertMaskedLM(keras.Model):
                        for i in range(cfg.num_layers)]
         self.final_norm = keras.layers.LayerNormalization(
             epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="final_norm", **common)
-        self.head = ModernBertHead(cfg, self.tok_embeddings, name="head", **common)
 
-    def build(self, input_shape=None) -> None:
+    @property
+    def token_embedding(self) -> keras.layers.Embedding:
+        return self.tok_embeddings
+
+    def build_layers(self) -> None:
         hidden = (None, None, self.cfg.hidden_size)
         self.tok_embeddings.build((None, None))
-        for layer in (self.embedding_norm, self.final_norm, self.head, *self.blocks):
+        for layer in (self.embedding_norm, self.final_norm, *self.blocks):
             layer.build(hidden)
-        self.built = True
 
     def _masks(self, inputs):
         """``(global, local)`` bool attention masks, broadcastable to (batch, heads, q, k)."""
@@ -306,8 +273,8 @@ class ModernBertMaskedLM(keras.Model):
                                   else self.cfg.local_rope_theta) for kind in kinds}
 
     def encode(self, inputs, training=None):
-        """The encoder's last hidden states after the final norm, (batch, seq, hidden), as
-        Transformers' ``ModernBertModel`` gives them."""
+        """The last hidden states after the final norm, (batch, seq, hidden), as Transformers'
+        ``ModernBertModel`` gives them."""
         x = self.tok_embeddings(inputs["input_ids"])  # (batch, seq, hidden)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
         full, local = self._masks(inputs)
@@ -317,12 +284,15 @@ class ModernBertMaskedLM(keras.Model):
             x = block(x, ropes[kind], full if kind else local, training=training)
         return self.final_norm(x)
 
-    def call(self, inputs, training=None):
-        x = self.encode(inputs, training=training)
-        positions = inputs.get("masked_positions")
-        if positions is not None:  # the head then runs on (batch, P, hidden) only
-            x = gather_positions(x, positions)
-        return self.head(x)
 
-    def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
+class ModernBertMaskedLM(MaskedLM):
+    """ModernBERT backbone + MLM head (variable paths ``modernbert_mlm/tok_embeddings/...``,
+    ``modernbert_mlm/layer_i/...``, ``modernbert_mlm/final_norm/...``, ``modernbert_mlm/head/...``).
+
+    Args:
+        cfg: the model config (``architecture = "modernbert"``), or its fields as a dict.
+    """
+
+    backbone_class = ModernBertBackbone
+    head_class = ModernBertHead
+    head_name = "head"

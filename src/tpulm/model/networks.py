@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import keras
-
 from tpulm.model.config import ModelConfig
+from tpulm.model.masked_lm import MaskedLM
 from tpulm.model.modernbert import ModernBertMaskedLM
-from tpulm.model.roberta import RobertaMaskedLM, roberta_kwargs
+from tpulm.model.roberta import RobertaMaskedLM
+
+# architecture -> its masked-LM task class (each takes the ModelConfig)
+NETWORKS: dict[str, type[MaskedLM]] = {"roberta": RobertaMaskedLM,
+                                       "modernbert": ModernBertMaskedLM}
 
 
-def _roberta(cfg: ModelConfig, dtype: str | None) -> keras.Model:
-    return RobertaMaskedLM(**roberta_kwargs(cfg), name=cfg.model_name, dtype=dtype)
-
-
-def _modernbert(cfg: ModelConfig, dtype: str | None) -> keras.Model:
-    return ModernBertMaskedLM(cfg, name=cfg.model_name, dtype=dtype)
-
-
-# architecture -> (cfg, dtype) -> unbuilt keras.Model
-BUILDERS = {"roberta": _roberta, "modernbert": _modernbert}
-
-
-def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> keras.Model:
+def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> MaskedLM:
     """A built (weights created) model of ``cfg.architecture``.
 
     Args:
@@ -30,9 +21,10 @@ def build_model(cfg: ModelConfig, *, dtype: str | None = None) -> keras.Model:
             global policy (``keras.mixed_precision.set_global_policy``).
 
     Returns:
-        The Keras model; call it on ``{"input_ids", "attention_mask"[, "masked_positions",
-        "segment_ids", "position_ids"]}``.
+        The Keras model (:class:`tpulm.model.masked_lm.MaskedLM`: ``model.backbone``,
+        ``model.lm_head``, ``model.cfg``); call it on ``{"input_ids", "attention_mask"[,
+        "masked_positions", "segment_ids", "position_ids"]}``.
     """
-    model = BUILDERS[cfg.architecture](cfg, dtype)
+    model = NETWORKS[cfg.architecture](cfg, name=cfg.model_name, dtype=dtype)
     model.build()
     return model

@@ -101,9 +101,58 @@ def set_aside(folder: str) -> str:
     return aside
 
 
+def problem(folder: str, step: int) -> str | None:
+    """Why training cannot resume from checkpoint ``folder`` of ``step``; None when it can.
+
+    Complete means ``model.safetensors``, ``optimizer.safetensors`` and ``state.json`` present,
+    the two weight files as long as their headers say, and ``state.json`` valid JSON naming the
+    folder's step. A step-0 folder with only ``model.safetensors`` (``tpulm import``) is complete:
+    it starts a run from those weights.
+    """
+    names = set(storage.listdir(folder))
+    needed = (rundir.MODEL_WEIGHTS,) if names == {rundir.MODEL_WEIGHTS} and step == 0 else (
+        rundir.MODEL_WEIGHTS, rundir.OPTIMIZER_WEIGHTS, rundir.STATE_NAME)
+    for name in needed:
+        path = storage.join(folder, name)
+        if name == rundir.STATE_NAME:
+            try:
+                state = storage.read_json(path)
+            except TpulmError:
+                return f"{name} is not valid JSON"
+            if state is None:
+                return f"{name} is missing"
+            if not isinstance(state, dict) or state.get("step") != step:
+                return f"{name} does not say step {step}"
+        else:
+            broken = weights.file_problem(path)
+            if broken:
+                return f"{name} is {broken}"
+    return None
+
+
+def resumable(run_dir: str) -> tuple[int, str, list[str]] | None:
+    """The newest complete checkpoint as (step, folder, newer ones skipped with why), or None.
+
+    Raises:
+        TpulmError: the run dir has checkpoints but none is complete (all are named).
+    """
+    skipped = []
+    for step, folder in reversed(rundir.list_checkpoints(run_dir)):
+        found = problem(folder, step)
+        if found is None:
+            return step, folder, skipped
+        skipped.append(f"{folder} ({found})")
+    if skipped:
+        raise TpulmError(
+            f"run dir {run_dir} has no complete checkpoint: {'; '.join(skipped)}. Restore the "
+            "files, or move the checkpoints folder away to start over"
+        )
+    return None
+
+
 def _pick(run_dir: str, writer: bool) -> tuple[int, str] | None:
     """The newest complete checkpoint; newer incomplete ones are reported and set aside."""
-    found = rundir.resumable_checkpoint(run_dir)
+    found = resumable(run_dir)
     if found is None:
         return None
     step, folder, skipped = found
@@ -120,7 +169,7 @@ def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
     """Load the newest complete checkpoint of ``run_dir`` into ``model`` and ``optimizer``.
 
     Newer incomplete checkpoints (a file missing, truncated or unreadable: see
-    ``rundir.checkpoint_problem``) are skipped with a warning naming each and why, and, by the
+    ``problem``) are skipped with a warning naming each and why, and, by the
     writing process, renamed to ``ckpt-<step>.incomplete``. A checkpoint with only
     ``model.safetensors`` at step 0 (as ``tpulm import`` writes) gives the model its weights and
     leaves the optimizer fresh.
@@ -170,7 +219,7 @@ def last_good(run_dir: str, before: int) -> tuple[str, float] | None:
     except TpulmError:
         train = []
     for step, folder in reversed(rundir.list_checkpoints(run_dir)):
-        if step >= before or rundir.checkpoint_problem(folder, step):
+        if step >= before or problem(folder, step):
             continue
         upto = [float(r["loss"]) for r in train if r["step"] <= step]
         finite = [x for x in upto if math.isfinite(x)]

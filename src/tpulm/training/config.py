@@ -2,8 +2,8 @@
 
 The loop is Keras ``model.fit`` with a custom loss and metrics (``keras.ops`` only), so the JAX
 backend reuses it. Keras "epochs" are *segments* of ``gcd(log_every, eval_every,
-checkpoint_every)`` update steps aligned on step 0: at the end of a segment the callbacks log
-train metrics, evaluate and checkpoint when due, so a run resumed from any checkpoint lands on
+checkpoint_every)`` update steps aligned on step 0: at the end of a segment the loop's hooks
+(``tpulm.training.hooks``) log train metrics, evaluate and checkpoint when due, so a run resumed from any checkpoint lands on
 the same segment boundaries as an uninterrupted one. Data epochs are handled by ``tpulm.training.inputs``
 (an endless, deterministic stream resumable at any batch).
 """
@@ -19,7 +19,8 @@ from typing import Any
 from tpulm import config
 from tpulm.errors import TpulmError
 from tpulm.training import backends
-from tpulm.training.strategies import JIT_MODES, PRECISIONS
+from tpulm.training.distribution import JIT_MODES
+from tpulm.training.process import PRECISIONS
 
 log = logging.getLogger(__name__)
 setting = config.setting
@@ -33,7 +34,8 @@ class TrainConfig:
     eval_data: str | None = setting(None, "validation shards: a split folder or a glob")
     tokenizer: str | None = setting(None, "tokenizer folder (default: the run dir's copy)")
     run_dir: str = setting("runs/latest", "run dir (local or gs://); rerunning resumes it")
-    model: str = setting("base", "model preset (tiny, small, base, large) or a TOML file")
+    model: str = setting("base", "model preset (tiny, small, base, large: RoBERTa; modernbert-tiny, "
+                                 "modernbert-small, modernbert-base, modernbert-large) or a TOML file")
     batch_size: int = setting(32, "batch size per replica (global = per replica x replicas)")
     epochs: int | None = setting(None, "passes over the training data (default 1)")
     max_steps: int | None = setting(None, "optimizer steps (overrides --epochs)")

@@ -11,9 +11,8 @@ them into one program (:func:`initialize_cluster`), and each host reads its own 
 shard files (``distribute_datasets_from_function`` hands ``tpulm.training.inputs`` an ``InputContext``
 with one input pipeline per process), assembled into global batches by Keras.
 
-:class:`MeshStrategy` offers the small part of the ``tf.distribute.Strategy`` interface the
-training loop uses (``scope``, ``num_replicas_in_sync``, ``distribute_datasets_from_function``),
-so the loop is the same on both backends.
+:class:`MeshStrategy` implements ``tpulm.training.distribution.Strategy``, the interface the
+training loop uses on both backends.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import re
 import time
 
 from tpulm.errors import TpulmError
+from tpulm.training.distribution import check_jit_mode
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def initialize_cluster(tpu: str | None) -> None:
 
 
 class MeshStrategy:
-    """A Keras JAX ``Distribution`` behind the strategy interface the training loop uses.
+    """A Keras JAX ``Distribution`` behind the ``distribution.Strategy`` interface.
 
     Args:
         distribution: the ``keras.distribution`` distribution (set globally by :func:`build`).
@@ -191,12 +191,19 @@ class MeshStrategy:
         """Variables created inside get the distribution's layouts."""
         return contextlib.nullcontext() if self.distribution is None else self.distribution.scope()
 
-    def use_xla(self, mode: str = "auto") -> bool:
+    def is_chief(self) -> bool:
+        """JAX process 0 writes the run dir's shared files."""
+        import jax
+
+        return jax.process_index() == 0
+
+    def use_xla(self, mode: str = "auto", precision: str = "fp32") -> bool:
         """XLA unless ``--jit-compile false`` (eager JAX: for debugging only, very slow).
 
         On JAX, XLA is the only compiler: unlike TensorFlow's CPU graph mode there is nothing
-        faster to fall back to on CPUs, so ``auto`` compiles everywhere.
+        faster to fall back to on CPUs, so ``auto`` compiles everywhere, in every precision.
         """
+        check_jit_mode(mode)
         return mode != "false"
 
     def needs_input_pipelines(self) -> bool:

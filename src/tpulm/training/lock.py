@@ -12,7 +12,7 @@ On object stores (``gs://``) there is no create-if-absent through ``tf.io.gfile`
 best effort. A trainer checks for the file and writes it when absent, so two trainers started
 within the same second or so can both get it, and a stale lock from a machine that is gone must
 be deleted by hand (its host, pid and start time are in the file). Only the chief process (see
-``strategies.is_chief``) takes the lock.
+``Strategy.is_chief``) takes the lock.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tpulm.training import strategies
+from tpulm.training import replicas
 
 
 class MaskedLMLoss(keras.losses.Loss):
@@ -26,7 +26,7 @@ class MaskedLMLoss(keras.losses.Loss):
         # y_true (B, P) int ids, y_pred (B, P, V) float32 logits, sample_weight (B, P) 0/1.
         tokens = ops.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
         weights = ops.ones_like(tokens) if sample_weight is None else ops.cast(sample_weight, tokens.dtype)
-        count = strategies.all_reduce_sum(ops.sum(weights))
+        count = replicas.all_reduce_sum(ops.sum(weights))
         return ops.sum(tokens * weights) / ops.maximum(ops.stop_gradient(count), 1.0)
 
     def call(self, y_true, y_pred):  # used by Loss.__call__ only; kept for get_config users

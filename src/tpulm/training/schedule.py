@@ -11,7 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from tpulm.training import strategies
+from tpulm.training import replicas
 
 
 def warmup_steps(warmup: float, total_steps: int) -> int:
@@ -55,7 +55,7 @@ class AdamW(keras.optimizers.AdamW):
     """Keras AdamW whose global-norm clipping sees the gradient summed over all replicas."""
 
     def _clip_gradients(self, grads):
-        return super()._clip_gradients(strategies.all_reduce_sum(strategies.densify(list(grads))))
+        return super()._clip_gradients(replicas.all_reduce_sum(replicas.densify(list(grads))))
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return grads_and_vars  # TF backend hook: already summed in _clip_gradients

@@ -25,13 +25,13 @@ def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult
     """
     backends.activate(cfg.backend)  # before tpulm.training.loop imports Keras
     from tpulm.hf import export, hub
-    from tpulm.training import lock, loop
+    from tpulm.training import lock, loop, setup
 
     if cfg.push_to_hub:  # offline or no token: say so before hours of training, not after
         hub.check_hub_access(cfg.push_to_hub)
-    trainer = loop.Trainer(cfg, dict(model or {}))
-    with lock.hold(cfg.run_dir, enabled=trainer.writer):  # one trainer per run dir
-        result = trainer.fit()
+    prepared = setup.prepare(cfg, dict(model or {}))  # checks, data, strategy: writes nothing
+    with lock.hold(cfg.run_dir, enabled=prepared.writer):  # one trainer per run dir
+        result = loop.Trainer(prepared).fit()  # build, restore, write the run dir; then train
     if cfg.push_to_hub:
         export.export(export.ExportConfig(run_dir=cfg.run_dir, overwrite=True, push_to_hub=cfg.push_to_hub))
     return result

@@ -1,0 +1,157 @@
+"""The masked-LM network every architecture shares: a backbone (the encoder) and a tied head.
+
+The split follows keras-hub: a :class:`Backbone` turns the input dict into hidden states
+(``encode(inputs, training)``), and one task, :class:`MaskedLM`, runs it, gathers the masked
+positions and applies the architecture's :class:`MaskedLMHead` (a decoder tied to the backbone's
+word table). Callers reach the parts by attribute, the same for every architecture:
+``model.backbone.encode(...)``, ``model.lm_head``, ``model.cfg``. An architecture
+(:mod:`tpulm.model.roberta`, :mod:`tpulm.model.modernbert`) supplies a backbone, a head, and a
+:class:`MaskedLM` subclass naming them; every layer takes the :class:`ModelConfig`
+(:class:`ConfigLayer`).
+
+Model inputs are a dict::
+
+    input_ids        (batch, seq) int32
+    attention_mask   (batch, seq) int, 1 = real token
+    masked_positions (batch, P) int32, optional: the LM head then runs on these positions only
+                     (offsets into the flattened batch: see ``tpulm.model.ops.gather_positions``)
+    segment_ids      (batch, seq) int32, optional: document of each token in a packed block (0 =
+                     padding); a token then attends to its own document only
+    position_ids     (batch, seq) int32, optional: position inside the document, from 0
+
+and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
+
+Variable paths are ``<model name>/<layer>/...`` (``roberta_mlm/layer_0/query/kernel``,
+``roberta_mlm/lm_head/bias``), without a ``backbone/`` component: checkpoints, the
+:mod:`tpulm.hf` weight maps and the JAX layout rules key on them (see :meth:`MaskedLM.build`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import keras
+from keras import ops
+
+from tpulm.model.config import ModelConfig
+from tpulm.model.ops import gather_positions
+
+
+def as_model_config(cfg: ModelConfig | dict[str, Any]) -> ModelConfig:
+    """``cfg``, or the config of its fields (a dict, as ``get_config`` saves it)."""
+    return cfg if isinstance(cfg, ModelConfig) else ModelConfig(**cfg)
+
+
+class ConfigLayer(keras.layers.Layer):
+    """A layer whose one setting is the model config; ``get_config``/``from_config`` round-trip.
+
+    Args:
+        cfg: the model config, or its fields as a dict (as ``get_config`` saves it).
+    """
+
+    def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cfg = as_model_config(cfg)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
+
+
+class Backbone(ConfigLayer):
+    """An encoder: ``encode(inputs, training)`` -> hidden states (batch, seq, hidden).
+
+    Subclasses create their sublayers in ``__init__``, build them in :meth:`build_layers`, name
+    the word-table layer ``token_embedding`` (the head's decoder is tied to it) and define
+    ``encode`` on the input dict of the module docstring.
+    """
+
+    def build(self, input_shape=None) -> None:
+        self.build_layers()
+
+    def build_layers(self) -> None:
+        """Create the sublayers' variables in the caller's name scope (:meth:`MaskedLM.build`)."""
+        raise NotImplementedError(f"{type(self).__name__} must define build_layers")
+
+
+class MaskedLMHead(ConfigLayer):
+    """``norm(dense(x))``, then the decoder tied to the word table, plus an optional bias.
+
+    Subclasses define :meth:`dense_and_norm` (layers named as the weight maps expect) and
+    ``bias_name``, the decoder bias variable's name (None: no decoder bias).
+
+    Args:
+        cfg: the model config.
+        token_embedding: the ``keras.layers.Embedding`` whose table is the decoder (tied weights;
+            its variable lives in the embedding layer only).
+    """
+
+    bias_name: str | None = "bias"
+
+    def __init__(self, cfg: ModelConfig | dict[str, Any], token_embedding: keras.layers.Embedding,
+                 **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)
+        self.token_embedding = token_embedding
+        self.dense, self.norm = self.dense_and_norm()
+
+    def dense_and_norm(self) -> tuple[keras.layers.Dense, keras.layers.LayerNormalization]:
+        """The head's transform before the decoder: ``(dense with activation, LayerNorm)``."""
+        raise NotImplementedError(f"{type(self).__name__} must define dense_and_norm")
+
+    def build(self, input_shape) -> None:
+        self.dense.build(input_shape)
+        self.norm.build(input_shape)
+        self.bias = (self.add_weight(shape=(self.cfg.vocab_size,), initializer="zeros",
+                                     name=self.bias_name) if self.bias_name else None)
+
+    def call(self, x):
+        x = self.norm(self.dense(x))
+        table = ops.cast(self.token_embedding.embeddings, x.dtype)  # (vocab, hidden)
+        logits = ops.matmul(x, ops.transpose(table))
+        if self.bias is not None:
+            logits = logits + ops.cast(self.bias, x.dtype)
+        return ops.cast(logits, "float32")
+
+    def own_weights(self) -> list:
+        """The head's variables without the tied word table (which belongs to the backbone)."""
+        tied = {id(v) for v in self.token_embedding.weights}
+        return [v for v in self.weights if id(v) not in tied]
+
+
+class MaskedLM(keras.Model):
+    """A backbone plus a masked-LM head; see the module docstring for inputs and outputs.
+
+    Subclasses name their parts: ``backbone_class``, ``head_class`` and ``head_name`` (the head's
+    layer name, part of its variable paths).
+
+    Args:
+        cfg: the model config, or its fields as a dict (as ``get_config`` saves it).
+    """
+
+    backbone_class: ClassVar[type[Backbone]]
+    head_class: ClassVar[type[MaskedLMHead]]
+    head_name: ClassVar[str]
+
+    def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cfg = as_model_config(cfg)
+        self.backbone = self.backbone_class(self.cfg, name="backbone", dtype=self.dtype_policy)
+        self.lm_head = self.head_class(self.cfg, self.backbone.token_embedding,
+                                       name=self.head_name, dtype=self.dtype_policy)
+
+    def build(self, input_shape=None) -> None:
+        # The backbone's layers are built here, in this model's name scope, not by
+        # ``backbone.build()``: a layer's own build would add ``backbone/`` to every variable path.
+        self.backbone.build_layers()
+        self.backbone.built = True
+        self.lm_head.build((None, None, self.cfg.hidden_size))
+
+    def call(self, inputs, training=None):
+        x = self.backbone.encode(inputs, training=training)
+        positions = inputs.get("masked_positions")
+        if positions is not None:  # the head then runs on (batch, P, hidden) only
+            x = gather_positions(x, positions)
+        return self.lm_head(x)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
