@@ -124,9 +124,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
-    from tpulm.training import strategies
+    from tpulm.training import process
 
-    strategies.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
+    process.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
     import torch
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))

@@ -9,7 +9,7 @@ on the gathered masked slots, PyTorch on all positions, as each computes it). Th
 few steps: tokens/s and peak memory (in a subprocess of its own). With ``--bf16`` both also run in
 bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``). tpulm runs with its defaults
 (on CPU: XLA in fp32, TensorFlow graph mode with oneDNN in bfloat16, one inter-op thread; see
-``tpulm.training.strategies.use_xla``).
+``Strategy.use_xla`` in ``tpulm.training.distribution``).
 
     PYTHONPATH=src python benchmarks/train_throughput.py [--steps 20] [--skip-base]
 """
@@ -177,9 +177,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.WARNING)
-    from tpulm.training import strategies
+    from tpulm.training import process
 
-    strategies.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
+    process.configure_cpu_threads()  # before TensorFlow starts (the data set-up starts it)
     if args.base_only:
         return base_only(args)
     import torch
