@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tpulm import lock
 from tpulm.data import corpus, preparation, shards
 from tpulm.data.preparation import PrepareConfig
 
@@ -197,7 +198,8 @@ def prepare_split(plan: preparation.SplitPlan, cfg: PrepareConfig, tok, pad_id: 
 
 
 def run(cfg: PrepareConfig) -> preparation.PrepareResult:
-    """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``.
+    """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``, holding the
+    output's lock (:mod:`tpulm.lock`): one prepare per output, or its shards would mix.
 
     Args:
         cfg: the resolved settings.
@@ -205,6 +207,11 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
     Returns:
         A :class:`preparation.PrepareResult` with one :class:`preparation.SplitSummary` per split.
     """
+    with lock.hold(cfg.output, "tpulm data prepare"):
+        return _prepare(cfg)
+
+
+def _prepare(cfg: PrepareConfig) -> preparation.PrepareResult:
     if cfg.runner:
         from tpulm.data import beam
 
