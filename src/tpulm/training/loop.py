@@ -285,7 +285,7 @@ class Trainer:
                 "tokens_per_second": self.monitor.tokens_per_second,
             })
         if self.eval_set is not None and (last or step % cfg.eval_every == 0):
-            self.last_eval = self._evaluate(step, tokens)
+            self.last_eval = self._evaluate(step, tokens, record=not final_only)
         if not final_only and (last or step % cfg.checkpoint_every == 0):
             self._save(step, tokens)
         self.overhead += time.monotonic() - t0
@@ -312,14 +312,17 @@ class Trainer:
         raise Interrupted(self.preemption.signal_name, self.preemption.exit_code, step,
                           self.last_checkpoint)
 
-    def _evaluate(self, step: int, tokens: int) -> dict[str, float]:
+    def _evaluate(self, step: int, tokens: int, record: bool = True) -> dict[str, float]:
+        """Evaluate; the line goes to metrics.jsonl only when ``record`` (a finished run that
+        is only reported on already has it)."""
         if self.eval_ds is None:
             _, self.eval_ds = self._datasets(0)
         result = self.model.evaluate(self.eval_ds, verbose=0, return_dict=True)
         loss = float(result["token_loss"])
         values = {"loss": loss, "accuracy": float(result["accuracy"]),
                   "perplexity": math.exp(min(loss, 700.0))}
-        self.log.write("eval", step, tokens, values)
+        if record:
+            self.log.write("eval", step, tokens, values)
         log.info("eval at step %d: loss %.4f, accuracy %.4f, perplexity %.2f",
                  step, values["loss"], values["accuracy"], values["perplexity"])
         return values
