@@ -195,3 +195,15 @@ def test_a_corrupt_shard_during_training_is_named(tmp_path, corpus):
     with pytest.raises(TpulmError, match=rf"{last} is corrupt or truncated \(.*tpulm data inspect"):
         run(TrainConfig(run_dir=str(tmp_path / "run"), train_data=str(train),
                         tokenizer=str(corpus["tokenizer"]), max_steps=40, **QUICK))
+
+
+def test_rerunning_a_finished_run_appends_no_duplicate_eval_line(tmp_path, corpus):
+    common = dict(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
+                  tokenizer=str(corpus["tokenizer"]), run_dir=str(tmp_path / "run"), max_steps=2,
+                  checkpoint_every=2, eval_every=2, **QUICK)
+    run(TrainConfig(**common))
+    before = (tmp_path / "run" / rundir.METRICS_NAME).read_text()
+    assert [x["split"] for x in _metrics(tmp_path / "run")].count("eval") == 1
+    again = run(TrainConfig(**common))  # complete: reports its final state, trains nothing
+    assert again.eval is not None  # the final evaluation is still reported ...
+    assert (tmp_path / "run" / rundir.METRICS_NAME).read_text() == before  # ... not logged twice

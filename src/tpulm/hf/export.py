@@ -72,7 +72,7 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     if overwrite and ownership.read(out_dir):  # an export of an older tpulm has no record
         changed = ownership.foreign(out_dir, WRITERS)
         if changed:  # a hand-edited model card is the user's
-            raise ownership.refuse(changed, "tpulm export would replace",
+            raise ownership.refuse(changed, "tpulm export --overwrite would remove",
                                    "choose another --out-dir")
     model_cfg = run_model_config(run_dir)
     step, weights_path = run_checkpoint(run_dir, step)
