@@ -74,6 +74,14 @@ def test_rerun_skips_complete_stages_and_redoes_only_downstream_of_a_change(demo
     output = tpulm_run(work)
     for stage in ("corpus", "tokenizer", "data", "train", "export", "report"):
         assert f"stage {stage}: complete, skipped" in output
+    notes = work / "run" / "export" / "notes.txt"  # the user's, in an output a rerun replaces
+    notes.write_text("what I tried")
+    with pytest.raises(AssertionError, match=r"tpulm run would remove .*export/notes.txt, which "
+                                             r"tpulm did not write.*--overwrite"):
+        tpulm_run(work, max_steps=16)
+    assert notes.read_text() == "what I tried"  # stopped before any work:
+    assert rundir.latest_checkpoint(str(work / "run"))[0] == 12  # no step trained
+    notes.unlink()
     output = tpulm_run(work, max_steps=16)  # train longer: continues from the checkpoint
     assert "stage train: settings changed (train.max_steps): continuing" in output
     assert "schedule extended from 12 to 16 steps" in output

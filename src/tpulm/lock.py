@@ -133,6 +133,8 @@ def check_free(folder: str) -> None:
             return  # this process holds it (tpulm run removing its own output)
         if not _stale(held):
             raise _in_use(folder, path, held)
+        log.warning("%s was left by process %s on this host, which is gone; going on",
+                    path, held.get("pid"))
 
 
 def release(path: str) -> None:
