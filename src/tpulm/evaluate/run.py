@@ -207,10 +207,13 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     if not cfg.model:
         raise TpulmError("no model given: pass a run dir, checkpoint folder or export folder")
     tasks = load_tasks(cfg)
+    # The results file is checked before the fine-tuning (and a given one before the model loads).
+    merge = check_output(cfg.output, cfg.overwrite) if cfg.output else None
     loaded = trained_model.load(cfg.model, cfg.step)
     tok = tokenizer.open_folder(loaded.tokenizer_dir)
     path = results_path(cfg, loaded)
-    merge = check_output(path, cfg.overwrite)  # before the fine-tuning, not after
+    if merge is None:
+        merge = check_output(path, cfg.overwrite)
     entries = {task.name: evaluate_task(task, loaded, tok.tokenizer, tok.special.pad_id, cfg)
                for task in tasks}
     _merge_write(path, entries, merge)
