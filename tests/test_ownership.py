@@ -176,3 +176,21 @@ def test_lock_check_free_ignores_its_own_and_dead_holders(tmp_path):
     assert json.loads(open(path).read())["holder"] == "tpulm run"
     lock.release(path)
     assert not os.path.exists(path)
+
+
+def test_tokenizer_overwrite_keeps_a_hand_edited_tokenizer(tmp_path, wikitext_dir):
+    from tpulm.data import tokenizer
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((wikitext_dir / "valid.txt").read_text(encoding="utf-8")[:60_000],
+                      encoding="utf-8")
+    cfg = tokenizer.TokenizerConfig(inputs=(str(corpus),), output=str(tmp_path / "tok"),
+                                    vocab_size=300, unk_rate_samples=1, overwrite=True)
+    tokenizer.run(cfg)
+    tokenizer.run(cfg)  # tpulm's, unchanged: replaced
+    edited = tmp_path / "tok" / "tokenizer_config.json"
+    edited.write_text(edited.read_text().replace("}", ', "note": "mine"}', 1))
+    with pytest.raises(TpulmError, match=r"tokenizer train --overwrite would replace "
+                                         r".*tokenizer_config.json, which tpulm did not write"):
+        tokenizer.run(cfg)
+    assert '"note": "mine"' in edited.read_text()

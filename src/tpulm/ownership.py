@@ -118,6 +118,20 @@ def check_files(folder: str, names: Iterable[str], writers: Collection[str], doi
         raise refuse(bad, doing, remedy)
 
 
+def check_folder(folder: str, writers: Collection[str] | None, doing: str, remedy: str) -> None:
+    """Refuse to replace ``folder`` (``--overwrite``) when it holds files that are not
+    ``writers``' or changed since; a folder without a record (an older tpulm's) is left to the
+    caller's rules of names.
+
+    Raises:
+        TpulmError: naming the files (see :func:`refuse`).
+    """
+    if storage.isdir(folder) and read(folder):
+        found = foreign(folder, writers)
+        if found:
+            raise refuse(found, doing, remedy)
+
+
 def _files(folder: str, skip: Collection[str] = ()) -> Iterable[str]:
     """Every file below ``folder`` (recursively; folders in ``skip`` left out), but records,
     locks and tpulm's temporaries."""

@@ -69,11 +69,9 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     Returns:
         The exported checkpoint's step.
     """
-    if overwrite and ownership.read(out_dir):  # an export of an older tpulm has no record
-        changed = ownership.foreign(out_dir, WRITERS)
-        if changed:  # a hand-edited model card is the user's
-            raise ownership.refuse(changed, "tpulm export --overwrite would remove",
-                                   "choose another --out-dir")
+    if overwrite:  # a hand-edited model card is the user's
+        ownership.check_folder(out_dir, WRITERS, "tpulm export --overwrite would remove",
+                               "choose another --out-dir")
     model_cfg = run_model_config(run_dir)
     step, weights_path = run_checkpoint(run_dir, step)
     tok = open_folder(storage.join(run_dir, rundir.TOKENIZER_DIR))

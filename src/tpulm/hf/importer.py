@@ -65,11 +65,8 @@ def check_replaced_run_dir(run_dir: str) -> None:
     if not storage.isdir(run_dir):
         return
     lock.check_free(run_dir)
-    if ownership.read(run_dir):  # a run dir of an older tpulm has no record
-        changed = ownership.foreign(run_dir)
-        if changed:
-            raise ownership.refuse(changed, "tpulm import --overwrite would replace",
-                                   "choose another --run-dir")
+    ownership.check_folder(run_dir, None, "tpulm import --overwrite would remove",
+                           "choose another --run-dir")
     trained = [step for step, _ in rundir.list_checkpoints(run_dir) if step > 0]
     if trained:
         log.warning("--overwrite: %s holds %d trained checkpoint(s) (latest step %d) and their "
