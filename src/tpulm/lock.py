@@ -146,12 +146,17 @@ def release(path: str) -> None:
 
 @contextmanager
 def hold(folder: str, holder: str = "trainer", enabled: bool = True) -> Iterator[None]:
-    """Hold the folder's lock for the duration of the block (no-op when not ``enabled``)."""
+    """Hold the folder's lock for the duration of the block (no-op when not ``enabled``); a
+    folder made only to hold the lock is removed again if the block left it empty (a command
+    that failed early writes nothing)."""
     if not enabled:
         yield
         return
+    created = not storage.exists(folder)
     path = acquire(folder, holder)
     try:
         yield
     finally:
         release(path)
+        if created and storage.isdir(folder) and not storage.listdir(folder):
+            storage.rmtree(folder)

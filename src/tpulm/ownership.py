@@ -194,7 +194,9 @@ def snapshot(folder: str, by: str, skip: Collection[str] = (), keep: Collection[
     for path in _files(folder, nested):
         rel = path[len(folder.rstrip("/")) + 1:]
         old = entries.get(rel)
-        if path in keep:
+        if path in keep:  # not claimed; another writer's entry (changed or not) stays as it was
+            if old is not None and old.get("by") != by:
+                fresh[rel] = old
             continue
         if old is not None and old.get("by") != by:
             if unchanged(path, old):  # another writer's file; changed since: nobody's now

@@ -53,6 +53,7 @@ class Stage:
     upstream: tuple[str, ...] = ()
     precious: bool = False
     continuable: frozenset[str] = frozenset()  # "table.key" settings a rerun can continue with
+    files: tuple[str, ...] = ()  # files it writes (and records) inside other stages' outputs
 
 
 def key_of(settings: Mapping[str, Any], upstream_keys: list[str]) -> str:
@@ -189,7 +190,7 @@ def _inside(path: str, folder: str) -> bool:
 def _writers(stage: Stage, stages: list[Stage]) -> set[str]:
     """The stages whose files may go with ``stage``'s outputs: those writing inside them."""
     return {other.name for other in stages
-            if any(_inside(o, p) for o in other.outputs for p in stage.outputs)}
+            if any(_inside(o, p) for o in (*other.outputs, *other.files) for p in stage.outputs)}
 
 
 def _check_outputs(steps: list[Step], work_dir: str, overwrite: bool) -> dict[str, list[str]]:

@@ -208,7 +208,9 @@ def wire(run: RunConfig, layout: Layout, cfg: StageSettings) -> list[Stage]:
                             ("export",)))
     if run.report:
         upstream = ("train", "evaluate") if stages[-1].name == "evaluate" else ("train",)
-        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream))
+        written = tuple(storage.join(layout.run, name) for name in (report.PNG_NAME, report.HTML_NAME))
+        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream,
+                            files=written))
     return stages
 
 
