@@ -74,9 +74,9 @@ def _torch_from(folder):
 
 def test_export_folder_and_config(exported, run):
     _, _, cfg = run
-    assert sorted(os.listdir(exported)) == [
-        "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(exported)) == [  # and the record of what tpulm wrote there
+        ".tpulm-written.json", "README.md", "config.json", "model.safetensors",
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["RobertaForMaskedLM"] and config["model_type"] == "roberta"
     # Token roles from this tokenizer (reference Unigram), not roberta-base's 1/0/2.
@@ -278,9 +278,10 @@ def test_hub_upload_files_and_offline_error(run, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "HF_HUB_OFFLINE" in err and f"the export stays in {out}" in err
     assert "hf_secret" not in err
-    assert sorted(hub.hub_files(str(out))) == sorted(os.listdir(out)) == [
+    assert sorted(hub.hub_files(str(out))) == [  # tpulm's record of what it wrote stays home
         "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
         "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(out)) == [".tpulm-written.json", *sorted(hub.hub_files(str(out)))]
     for name in os.listdir(out):
         assert b"hf_secret" not in (out / name).read_bytes()
     assert "someone/tiny-roberta" in (out / "README.md").read_text()
