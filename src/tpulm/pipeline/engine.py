@@ -81,12 +81,14 @@ def write_record(work_dir: str, name: str, key: str, complete: bool,
                  settings: Mapping[str, Any] | None = None,
                  upstream: Mapping[str, str] | None = None) -> None:
     """Write ``WORK/stages/NAME.json``: the key, whether done, the settings it ran with, and
-    when an unfinished run started (its files are its own though not recorded yet)."""
+    when its first unfinished run started (its files are its own though not recorded yet)."""
     storage.makedirs(storage.join(work_dir, STAGES_DIR))
+    old = read_record(work_dir, name) or {}
     record = {"key": key, "complete": complete, "settings": dict(settings or {}),
               "upstream": dict(upstream or {})}
-    if not complete:
-        record["started"] = time.time()
+    if not complete:  # a resumed run keeps the first start: the files of every attempt count
+        resumed = old.get("key") == key and not old.get("complete") and "started" in old
+        record["started"] = old["started"] if resumed else time.time()
     text = json.dumps(record, indent=1, sort_keys=True, default=str)
     storage.write_text(_record_path(work_dir, name), text + "\n")
 
