@@ -166,3 +166,22 @@ def test_runner_names_and_options_reach_beam(tmp_path):
     options = beam_prepare.pipeline_options(cfg).get_all_options()
     assert (options["project"], options["region"]) == ("my-project", "europe-west4")
     assert options["direct_num_workers"] == 2 and options["save_main_session"] is True
+
+
+def test_worker_processes_write_the_local_shards_byte_for_byte(tmp_path, tok_dir, corpus_files):
+    """`direct_running_mode=multi_processing`: the steps are pickled and run in two worker
+    processes of their own, as on a cluster, and still give the local path's bytes."""
+    lines = Path(corpus_files[2]).read_text(encoding="utf-8").splitlines()
+    small = tmp_path / "small.txt"
+    small.write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")  # a few hundred lines
+    base = PrepareConfig(tokenizer=tok_dir, output=str(tmp_path / "local"),
+                         train_files=(str(small),), max_length=64, shard_size=20, batch_size=100,
+                         progress=False)
+    prepare.run(base)
+    processes = PrepareConfig(**{**base.__dict__, "output": str(tmp_path / "workers"),
+                                 "runner": "DirectRunner", "beam_options": (
+                                     "direct_running_mode=multi_processing",
+                                     "direct_num_workers=2")})
+    result = prepare.run(processes)
+    assert result.splits["train"].shards >= 2  # more than one shard, so both workers write
+    assert folder_bytes(str(tmp_path / "workers")) == folder_bytes(str(tmp_path / "local"))

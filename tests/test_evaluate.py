@@ -327,3 +327,16 @@ def test_pretrained_beats_from_scratch_on_the_builtin_task(tmp_path, request):
 
 
 BUILTIN = "builtin:replaced-words"
+
+
+def test_cli_output_the_user_wrote_is_refused_before_fine_tuning(model_dirs, tmp_path):
+    mine = tmp_path / "scores.txt"
+    mine.write_text("my own notes\n")
+    argv = [sys.executable, "-m", "tpulm", "evaluate", str(model_dirs[0]), "--task",
+            "builtin:replaced-words", "--output", str(mine)]
+    done = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert "tpulm evaluate would replace" in line and "scores.txt" in line
+    assert "--overwrite" in line
+    assert mine.read_text() == "my own notes\n"

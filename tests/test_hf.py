@@ -74,9 +74,9 @@ def _torch_from(folder):
 
 def test_export_folder_and_config(exported, run):
     _, _, cfg = run
-    assert sorted(os.listdir(exported)) == [
-        "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
-        "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(exported)) == [  # and the record of what tpulm wrote there
+        ".tpulm-written.json", "README.md", "config.json", "model.safetensors",
+        "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
     config = json.loads((exported / "config.json").read_text())
     assert config["architectures"] == ["RobertaForMaskedLM"] and config["model_type"] == "roberta"
     # Token roles from this tokenizer (reference Unigram), not roberta-base's 1/0/2.
@@ -148,13 +148,20 @@ def test_failed_export_leaves_no_folder(run, tmp_path, monkeypatch):
 def test_existing_export_needs_overwrite_and_user_files_are_never_replaced(run, tmp_path):
     out = tmp_path / "out"
     export.write_export(str(run[0]), str(out))
-    (out / "model.safetensors").write_bytes(b"old")
+    first = (out / "model.safetensors").stat().st_ino
     with pytest.raises(TpulmError, match="--overwrite"):
         export.write_export(str(run[0]), str(out))
-    export.write_export(str(run[0]), str(out), overwrite=True)
-    assert (out / "model.safetensors").read_bytes() != b"old"
+    export.write_export(str(run[0]), str(out), overwrite=True)  # tpulm's, unchanged: replaced
+    assert (out / "model.safetensors").stat().st_ino != first
+    card = out / "README.md"
+    card.write_text(card.read_text() + "\nMy notes on this model.\n")  # hand-edited: the user's
+    with pytest.raises(TpulmError, match=r"would remove .*README.md, which tpulm did not write "
+                                         r"or which changed since; nothing was changed"):
+        export.write_export(str(run[0]), str(out), overwrite=True)
+    assert card.read_text().endswith("My notes on this model.\n")
+    card.unlink()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(TpulmError, match=r"out holds files tpulm did not write \(notes.txt\)"):
+    with pytest.raises(TpulmError, match=r"would remove .*notes.txt, which tpulm did not write"):
         export.write_export(str(run[0]), str(out), overwrite=True)
     assert (out / "notes.txt").read_text() == "mine" and (out / "model.safetensors").exists()
     assert os.listdir(tmp_path) == ["out"]
@@ -170,6 +177,19 @@ def hf_dir(run, tokenizer_dir, tmp_path_factory):
     model.save_pretrained(str(folder))
     transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(folder))
     return folder
+
+
+def test_import_overwrite_of_a_trained_run_says_it_drops_its_checkpoints(hf_dir, run, tmp_path,
+                                                                          caplog, capsys):
+    import shutil
+
+    target = tmp_path / "run"
+    shutil.copytree(run[0], target)  # checkpoints of steps 5 and 10
+    caplog.set_level("WARNING")
+    assert main(["import", str(hf_dir), str(target), "--overwrite"]) == 0
+    said = caplog.text + capsys.readouterr().err
+    assert "holds 2 trained checkpoint(s) (latest step 10)" in said and "dropped" in said
+    assert [step for step, _ in rundir.list_checkpoints(str(target))] == [0]
 
 
 def test_round_trip_hf_tpulm_hf_is_exact(hf_dir, tmp_path, tokenizer, lines):
@@ -228,7 +248,7 @@ def test_import_lists_missing_and_unexpected_tensors(hf_dir, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_pickle_only_with_allow_pickle(hf_dir, tmp_path):
+def test_pickle_only_with_allow_pickle(hf_dir, tmp_path, capsys):
     import shutil
 
     import torch
@@ -240,6 +260,10 @@ def test_pickle_only_with_allow_pickle(hf_dir, tmp_path):
     torch.save({k: torch.from_numpy(v) for k, v in state.items()}, pickled / "pytorch_model.bin")
     with pytest.raises(TpulmError, match="--allow-pickle"):
         importer.import_checkpoint(importer.ImportConfig(hf_dir=str(pickled), run_dir=str(tmp_path / "r")))
+    capsys.readouterr()
+    assert main(["fill-mask", str(pickled), "a <mask>"]) == 2  # a command without the flag
+    err = capsys.readouterr().err
+    assert "pytorch_model.bin, a pickle" in err and "--allow-pickle" not in err
     assert main(["import", str(pickled), str(tmp_path / "r"), "--allow-pickle"]) == 0
     assert main(["export", str(tmp_path / "r"), str(tmp_path / "out")]) == 0
     back = load_file(str(tmp_path / "out" / "model.safetensors"))
@@ -254,9 +278,10 @@ def test_hub_upload_files_and_offline_error(run, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "HF_HUB_OFFLINE" in err and f"the export stays in {out}" in err
     assert "hf_secret" not in err
-    assert sorted(hub.hub_files(str(out))) == sorted(os.listdir(out)) == [
+    assert sorted(hub.hub_files(str(out))) == [  # tpulm's record of what it wrote stays home
         "README.md", "config.json", "model.safetensors", "special_tokens_map.json",
         "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(os.listdir(out)) == [".tpulm-written.json", *sorted(hub.hub_files(str(out)))]
     for name in os.listdir(out):
         assert b"hf_secret" not in (out / name).read_bytes()
     assert "someone/tiny-roberta" in (out / "README.md").read_text()

@@ -14,9 +14,9 @@ import pytest
 
 from tpulm import rundir
 from tpulm.errors import TpulmError
-from tpulm.training import lock
+from tpulm import lock
 
-HOLD = "import sys, time; from tpulm.training import lock; lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(120)"
+HOLD = "import sys, time; from tpulm import lock; lock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(120)"
 
 
 def _holder(run_dir) -> subprocess.Popen:

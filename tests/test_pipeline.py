@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tpulm import config, pipeline
+from tpulm import config, ownership, pipeline
 from tpulm.pipeline import engine
 from tpulm.errors import TpulmError
 
@@ -64,6 +64,7 @@ def test_changed_setting_reruns_that_stage_and_only_its_downstream(tmp_path):
     settings = {"a": 1, "b": 2, "c": 3, "d": 4}
     engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "b" / "stale").write_text("old")
+    ownership.record(str(tmp_path / "b"), ["stale"], "b")  # as if stage b had written it
     calls.clear()
     settings["b"] = 20
     engine.execute(make_stages(tmp_path, settings, calls), str(tmp_path))
@@ -127,6 +128,7 @@ def test_precious_stage_continues_on_a_continuable_change_and_keeps_its_outputs(
     settings = {"a": 1, "steps": 10, "lr": 0.1}
     engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "t" / "checkpoint").write_text("step 10")
+    ownership.record(str(tmp_path / "t"), ["checkpoint"], "t")  # as if stage t had written it
     settings["steps"] = 20
     caplog.set_level("INFO")
     engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
@@ -140,6 +142,7 @@ def test_precious_stage_is_never_removed_without_restart(tmp_path):
     settings = {"a": 1, "steps": 10, "lr": 0.1}
     engine.execute(precious_stages(tmp_path, settings, calls), str(tmp_path))
     (tmp_path / "t" / "checkpoint").write_text("step 10")
+    ownership.record(str(tmp_path / "t"), ["checkpoint"], "t")  # as if stage t had written it
     for change in ({"lr": 0.2}, {"a": 2}):  # its own setting, or an upstream stage's
         with pytest.raises(TpulmError, match="--restart t"):
             engine.execute(precious_stages(tmp_path, {**settings, **change}, calls), str(tmp_path))
@@ -194,7 +197,8 @@ def test_output_folders_holding_user_files_are_refused_before_any_stage_runs(tmp
 
 
 def test_the_engine_knows_none_of_tpulms_stages():
-    """The engine is generic: tpulm's stages are wired in tpulm.pipeline.stages, not in it."""
+    """The engine is generic: tpulm's stages are wired in tpulm.pipeline.stages, not in it (it
+    uses only files, locks and the record of what tpulm wrote)."""
     import ast
     from pathlib import Path
 
@@ -203,7 +207,7 @@ def test_the_engine_knows_none_of_tpulms_stages():
                 for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
                 for alias in node.names}
     assert {name for name in imported if name.startswith("tpulm")} == {
-        "tpulm.storage", "tpulm.errors.TpulmError"}
+        "tpulm.storage", "tpulm.lock", "tpulm.ownership", "tpulm.errors.TpulmError"}
     resolved = pipeline.plan({"run": {"work_dir": "w"}}, "x.toml")
     assert isinstance(resolved, pipeline.RunPlan) and resolved.layout.export == "w/run/export"
     assert all(isinstance(stage, engine.Stage) for stage in resolved.stages)

@@ -15,28 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.runs import tpulm_run_argv
+
 from tpulm import rundir
 from tpulm.data import builtin_corpus
 
-TINY_BUDGET = [
-    "tokenizer.vocab_size=2000",
-    "data.shard_size=200",
-    'train.model="tiny"',
-    "train.batch_size=8",
-    "train.log_every=2",
-    "train.eval_every=6",
-    "train.checkpoint_every=4",
-    "train.shuffle_buffer=200",
-    "evaluate.epochs=1",  # the demo's downstream stage, pretrained and from scratch, kept short
-    "evaluate.max_length=32",
-    "evaluate.batch_size=64",
-]
-
 
 def tpulm_run(work_dir: Path, *overrides: str, wait: bool = True, max_steps: int = 12, log=None):
-    argv = [sys.executable, "-m", "tpulm", "run", "--work-dir", str(work_dir)]
-    for assignment in [*TINY_BUDGET, f"train.max_steps={max_steps}", *overrides]:
-        argv += [assignment] if assignment.startswith("--") else ["--set", assignment]
+    argv = tpulm_run_argv(work_dir, *overrides, max_steps=max_steps)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "HF_HUB_OFFLINE": "1"}
     if not wait:
         return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -88,6 +74,14 @@ def test_rerun_skips_complete_stages_and_redoes_only_downstream_of_a_change(demo
     output = tpulm_run(work)
     for stage in ("corpus", "tokenizer", "data", "train", "export", "report"):
         assert f"stage {stage}: complete, skipped" in output
+    notes = work / "run" / "export" / "notes.txt"  # the user's, in an output a rerun replaces
+    notes.write_text("what I tried")
+    with pytest.raises(AssertionError, match=r"tpulm run would remove .*export/notes.txt, which "
+                                             r"tpulm did not write.*--overwrite"):
+        tpulm_run(work, max_steps=16)
+    assert notes.read_text() == "what I tried"  # stopped before any work:
+    assert rundir.latest_checkpoint(str(work / "run"))[0] == 12  # no step trained
+    notes.unlink()
     output = tpulm_run(work, max_steps=16)  # train longer: continues from the checkpoint
     assert "stage train: settings changed (train.max_steps): continuing" in output
     assert "schedule extended from 12 to 16 steps" in output

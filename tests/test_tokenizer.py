@@ -201,7 +201,8 @@ def test_ram_output(wikitext_dir):
     result = tokenizer.run(cfg)
     assert tokenizer.load_tokenizer(out).get_vocab_size() == result.vocab_size
     assert tokenizer.special_tokens(out).mask_id == 4
-    assert sorted(storage.listdir(out)) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(storage.listdir(out)) == [storage.WRITTEN_RECORD, "special_tokens_map.json",
+                                            "tokenizer.json", "tokenizer_config.json"]
 
 
 def test_bad_inputs_write_nothing(tmp_path):

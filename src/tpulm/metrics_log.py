@@ -17,7 +17,7 @@ import math
 import time
 from typing import Any
 
-from tpulm import rundir, storage
+from tpulm import ownership, rundir, storage
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class MetricsLog:
         self._lines = self._kept_lines(resume_step) if writer else []
         if writer:
             storage.write_text(self.path, "".join(self._lines))
+            ownership.record(run_dir, (rundir.METRICS_NAME,), "train", append=True)  # grows
 
     def _kept_lines(self, resume_step: int) -> list[str]:
         if not storage.exists(self.path):

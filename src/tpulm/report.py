@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpulm import rundir, storage
+from tpulm import ownership, rundir, storage
 from tpulm.errors import TpulmError
 from tpulm.metrics_log import read_metrics
 
@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PNG_NAME = "report.png"
 HTML_NAME = "report.html"
+WRITERS = ("report",)  # whose report files a new report may replace (tpulm.ownership)
 # 1200 x 800 pixels: readable on a laptop screen and in a README.
 FIGSIZE = (12.0, 8.0)
 DPI = 100
@@ -290,6 +291,8 @@ def run(run_dir: str) -> Report:
     """
     if not storage.isdir(run_dir):
         raise TpulmError(f"run dir {run_dir} does not exist")
+    ownership.check_files(run_dir, (PNG_NAME, HTML_NAME), WRITERS, "tpulm report would replace",
+                          "choose another run dir")
     records = read_metrics(storage.join(run_dir, rundir.METRICS_NAME))
     figures = summarize(records)
     config_path = storage.join(run_dir, rundir.CONFIG_NAME)
@@ -302,6 +305,7 @@ def run(run_dir: str) -> Report:
     )
     storage.write_bytes(report.png, png)
     storage.write_text(report.html, render_html(title, png, figures, config_text, report.evaluation))
+    ownership.record(run_dir, (PNG_NAME, HTML_NAME), "report")
     return report
 
 

@@ -11,7 +11,7 @@ RUN_DIR/
   metrics.jsonl                  one JSON object a line (tpulm.metrics_log)
   tensorboard/                   TensorBoard event files
   export/                        Transformers checkpoint written by `tpulm export`
-  lock.json                      held by the training process (tpulm.training.lock)
+  lock.json                      held by the training process (tpulm.lock)
 ```
 
 ``metrics.jsonl``: format, writer and reader in :mod:`tpulm.metrics_log`.

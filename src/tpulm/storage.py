@@ -20,6 +20,9 @@ from typing import IO, Any
 from tpulm.errors import TpulmError
 
 TMP_MARKER = ".tmp-"
+# tpulm's record of what it wrote in a folder (read and written by tpulm.ownership): never a
+# user's file, so it never stops a folder from being replaced.
+WRITTEN_RECORD = ".tpulm-written.json"
 
 
 def is_remote(path: str) -> bool:
@@ -100,6 +103,13 @@ def rename(src: str, dst: str, overwrite: bool = True) -> None:
 
 def size(path: str) -> int:
     return _gfile().stat(path).length if is_remote(path) else os.path.getsize(_local(path))
+
+
+def mtime(path: str) -> float:
+    """Seconds since the epoch of the last change of ``path``."""
+    if is_remote(path):
+        return _gfile().stat(path).mtime_nsec / 1e9
+    return os.path.getmtime(_local(path))
 
 
 def open_file(path: str, mode: str = "r") -> IO:
@@ -308,7 +318,7 @@ def check_replaceable(path: str, overwrite: bool, ours: Collection[str] | None =
     names = listdir(path)
     if not names:
         return
-    foreign = [] if ours is None else [n for n in names if n not in ours]
+    foreign = [] if ours is None else [n for n in names if n not in ours and n != WRITTEN_RECORD]
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise TpulmError(f"{path} holds files tpulm did not write ({shown}); choose another "

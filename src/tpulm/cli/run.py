@@ -37,6 +37,10 @@ def register(subparsers) -> None:
         "--restart", action="append", default=[], metavar="STAGE",
         help="start STAGE over, removing its outputs (e.g. --restart train: a new training run "
              "in the same work dir; needed when a change cannot continue the old one)")
+    parser.add_argument(
+        "--overwrite", action="store_true",
+        help="let a rerun or --restart remove files in a stage's outputs that tpulm did not "
+             "write or that were changed since (without it such a run stops, naming them)")
     parser.set_defaults(func=_run)
 
 
@@ -73,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
     tables = config.apply_overrides(config.load_toml(path), assignments)
     activate_backend(tables.get("train", {}).get("backend"))  # before any stage imports Keras
-    result = pipeline.run(tables, path, restart=args.restart)
+    result = pipeline.run(tables, path, restart=args.restart, overwrite=args.overwrite)
     print(_closing_lines(result), flush=True)
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import storage
+from tpulm import lock, storage
 from tpulm.data import corpus, preparation, shards
 from tpulm.data.preparation import PrepareConfig
 
@@ -205,7 +205,8 @@ def check_paths(cfg: PrepareConfig) -> None:
 
 
 def run(cfg: PrepareConfig) -> preparation.PrepareResult:
-    """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``.
+    """Tokenize and pack every split ``cfg`` names into ``cfg.output/<split>/``, holding the
+    output's lock (:mod:`tpulm.lock`): one prepare per output, or its shards would mix.
 
     Args:
         cfg: the resolved settings.
@@ -214,6 +215,11 @@ def run(cfg: PrepareConfig) -> preparation.PrepareResult:
         A :class:`preparation.PrepareResult` with one :class:`preparation.SplitSummary` per split.
     """
     check_paths(cfg)
+    with lock.hold(cfg.output, "tpulm data prepare"):
+        return _prepare(cfg)
+
+
+def _prepare(cfg: PrepareConfig) -> preparation.PrepareResult:
     if cfg.runner:
         from tpulm.data import beam
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tpulm import config, storage
+from tpulm import config, ownership, storage
 from tpulm.data import corpus
 from tpulm.errors import TpulmError
 
@@ -433,11 +433,13 @@ def save(tokenizer, output: str, roles: dict[str, str], model_max_length: int, o
         storage.makedirs(output)
         for name in sorted(files, key=lambda n: n == TOKENIZER_FILE):
             storage.write_text(storage.join(output, name), files[name])
+        ownership.record(output, files, "tokenizer")
         return
     with storage.atomic_folder(output, overwrite, ours=files) as tmp:  # old one goes at the end
         for name, text in files.items():
             with storage.open_file(storage.join(tmp, name), "w") as f:
                 f.write(text)
+        ownership.record(tmp, files, "tokenizer")
 
 
 def run(cfg: TokenizerConfig) -> TokenizerResult:
@@ -455,6 +457,10 @@ def run(cfg: TokenizerConfig) -> TokenizerResult:
     storage.check_reachable(cfg.output, "--output", write=True)
     # Refuse before training, not after: only a folder of tokenizer files may be replaced.
     storage.check_replaceable(cfg.output.rstrip("/"), cfg.overwrite, FOLDER_FILES, "a tokenizer")
+    if cfg.overwrite:  # and none of them edited since tpulm wrote them
+        ownership.check_folder(cfg.output.rstrip("/"), ("tokenizer",),
+                               "tpulm tokenizer train --overwrite would replace",
+                               "choose another --output")
     start = time.perf_counter()
     tokenizer, samples = train(cfg)
     seconds = time.perf_counter() - start

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tpulm import config, storage, trained_model
+from tpulm import config, ownership, storage, trained_model
 from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
 from tpulm.evaluate import finetune, tasks
@@ -65,6 +65,8 @@ class EvaluateConfig(FinetuneConfig):
         False, "also fine-tune the same architecture from a random initialisation (baseline)")
     output: str | None = config.setting(None, "results file (default: RUN_DIR/eval/results.json "
                                               "or EXPORT_DIR/eval/results.json)")
+    overwrite: bool = config.setting(
+        False, "replace the results file even if tpulm did not write it or it changed since")
     backend: str | None = config.setting(
         None, "Keras backend, tensorflow or jax (default: KERAS_BACKEND, else tensorflow)",
         choices=backends.BACKENDS)
@@ -159,19 +161,44 @@ def evaluate_task(task, loaded, tokenizer, pad_id: int, cfg: EvaluateConfig) -> 
     return entry
 
 
-def _merge_write(path: str, entries: dict[str, Any]) -> None:
-    """Write ``entries`` into the results file, keeping other tasks already there."""
+def _split(path: str) -> tuple[str, str]:
+    """(folder, name) of a results file; the folder is '.' for a bare name."""
+    parent, _, name = path.rstrip("/").rpartition("/")
+    return parent or ".", name
+
+
+def check_output(path: str, overwrite: bool) -> bool:
+    """Whether the results file ``path`` is tpulm's (its tasks are kept); refuses, before any
+    fine-tuning, to replace a file tpulm did not write (or that changed since) unless
+    ``overwrite``."""
+    if not storage.exists(path):
+        return False
+    folder, name = _split(path)
+    try:
+        ownership.check_files(folder, (name,), ("evaluate",), "tpulm evaluate would replace",
+                              "pass --overwrite to replace it, or another --output")
+    except TpulmError:
+        if not overwrite:
+            raise
+        log.warning("replacing %s, which tpulm did not write (--overwrite)", path)
+        return False
+    return True
+
+
+def _merge_write(path: str, entries: dict[str, Any], merge: bool) -> None:
+    """Write ``entries`` into the results file, keeping other tasks already there when
+    ``merge`` (the file is tpulm's), and record it as tpulm's."""
     old: dict[str, Any] = {}
-    if storage.exists(path):
+    if merge:
         try:
             old = json.loads(storage.read_text(path)).get("tasks", {})
         except ValueError:
             log.warning("%s is not valid JSON; it is replaced", path)
     record = {"format_version": FORMAT_VERSION, "tasks": {**old, **entries}}
-    parent = path.rstrip("/").rsplit("/", 1)[0] if "/" in path else ""
-    if parent:
-        storage.makedirs(parent)
+    folder, name = _split(path)
+    storage.makedirs(folder)
     storage.write_text(path, json.dumps(record, indent=2, allow_nan=True) + "\n")
+    ownership.record(folder, (name,), "evaluate")
 
 
 def run(cfg: EvaluateConfig) -> EvaluateResult:
@@ -182,12 +209,16 @@ def run(cfg: EvaluateConfig) -> EvaluateResult:
     storage.check_reachable(cfg.model, "model")  # in seconds, not after fine-tuning
     storage.check_reachable(cfg.output, "--output", write=True)
     tasks = load_tasks(cfg)
+    # The results file is checked before the fine-tuning (and a given one before the model loads).
+    merge = check_output(cfg.output, cfg.overwrite) if cfg.output else None
     loaded = trained_model.load(cfg.model, cfg.step)
     tok = tokenizer.open_folder(loaded.tokenizer_dir)
+    path = results_path(cfg, loaded)
+    if merge is None:
+        merge = check_output(path, cfg.overwrite)
     entries = {task.name: evaluate_task(task, loaded, tok.tokenizer, tok.special.pad_id, cfg)
                for task in tasks}
-    path = results_path(cfg, loaded)
-    _merge_write(path, entries)
+    _merge_write(path, entries, merge)
     return EvaluateResult(path, entries)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tpulm import config, rundir, storage
+from tpulm import config, ownership, rundir, storage
 from tpulm.data.tokenizer import TokenizerFolder, open_folder
 from tpulm.hf import folder, hub
 from tpulm.hf.convert import hf_config, keras_to_hf
@@ -20,6 +20,8 @@ from tpulm.model.config import ModelConfig, run_model_config
 from tpulm.rundir import run_checkpoint
 
 log = logging.getLogger(__name__)
+
+WRITERS = ("export",)  # whose files an export with --overwrite may replace (tpulm.ownership)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     Returns:
         The exported checkpoint's step.
     """
+    if overwrite:  # a hand-edited model card is the user's
+        ownership.check_folder(out_dir, WRITERS, "tpulm export --overwrite would remove",
+                               "choose another --out-dir")
     model_cfg = run_model_config(run_dir)
     step, weights_path = run_checkpoint(run_dir, step)
     tok = open_folder(storage.join(run_dir, rundir.TOKENIZER_DIR))
@@ -81,6 +86,7 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
         storage.write_json(storage.join(tmp, folder.CONFIG_FILE), hf_cfg)
         folder.write_tokenizer(tok.path, tmp, model_cfg.max_positions)
         storage.write_text(storage.join(tmp, folder.CARD_FILE), card)
+        ownership.record(tmp, storage.listdir(tmp), "export")
     return step
 
 

@@ -29,7 +29,7 @@ CARD_FILE = "README.md"
 EXPORT_FILES = frozenset({CONFIG_FILE, WEIGHTS_FILE, CARD_FILE, *FOLDER_FILES})
 
 
-def read_hf_weights(hf_dir: str, allow_pickle: bool = False) -> dict[str, np.ndarray]:
+def read_hf_weights(hf_dir: str, allow_pickle: bool | None = None) -> dict[str, np.ndarray]:
     """All tensors of a Transformers checkpoint folder as float32 numpy arrays.
 
     Reads ``model.safetensors`` or the shards of ``model.safetensors.index.json``; a PyTorch
@@ -37,7 +37,8 @@ def read_hf_weights(hf_dir: str, allow_pickle: bool = False) -> dict[str, np.nda
 
     Args:
         hf_dir: the folder (local or remote).
-        allow_pickle: permit reading ``pytorch_model.bin`` (needs torch).
+        allow_pickle: permit reading ``pytorch_model.bin`` (needs torch); None for a command
+            without ``--allow-pickle`` (its message then names no such flag).
     """
     from safetensors.numpy import load as load_bytes
 
@@ -49,10 +50,11 @@ def read_hf_weights(hf_dir: str, allow_pickle: bool = False) -> dict[str, np.nda
         files = [storage.join(hf_dir, name) for name in names]
     elif storage.exists(storage.join(hf_dir, PICKLE_FILE)):
         if not allow_pickle:
-            raise TpulmError(
-                f"{hf_dir} holds only {PICKLE_FILE}, a pickle that can run code when loaded; pass "
-                "--allow-pickle if you trust its source, or convert it to safetensors"
-            )
+            remedy = ("pass --allow-pickle if you trust its source, or convert it to safetensors"
+                      if allow_pickle is not None else "this command reads only safetensors: "
+                      "convert it (model.save_pretrained(folder, safe_serialization=True))")
+            raise TpulmError(f"{hf_dir} holds only {PICKLE_FILE}, a pickle that can run code "
+                             f"when loaded; {remedy}")
         return _read_pickle(storage.join(hf_dir, PICKLE_FILE))
     else:
         raise TpulmError(f"{hf_dir} has no {WEIGHTS_FILE}, {INDEX_FILE} or {PICKLE_FILE}")

@@ -10,7 +10,8 @@ from tpulm.errors import TpulmError
 
 def hub_files(folder: str) -> list[str]:
     """The files an upload of ``folder`` sends: exactly the export's files, nothing else."""
-    return [name for name in storage.listdir(folder) if not storage.isdir(storage.join(folder, name))]
+    return [name for name in storage.listdir(folder) if not storage.isdir(storage.join(folder, name))
+            and name != storage.WRITTEN_RECORD]
 
 
 def check_hub_access(repo_id: str) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
-from tpulm import config, rundir, storage
+from tpulm import config, lock, ownership, rundir, storage
 from tpulm.data.tokenizer import TOKENIZER_FILE, open_folder
 from tpulm.errors import TpulmError
 from tpulm.hf import folder
 from tpulm.hf.convert import hf_to_keras, model_config_from_hf
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,8 @@ def import_checkpoint(settings: ImportConfig) -> str:
     hf_dir, run_dir = settings.hf_dir, settings.run_dir
     storage.check_reachable(hf_dir, "model folder")
     storage.check_reachable(run_dir, "--run-dir", write=True)
+    if settings.overwrite:
+        check_replaced_run_dir(run_dir)
     hf_cfg, config_path = folder.read_config(hf_dir)
     model_cfg = model_config_from_hf(hf_cfg, config_path)
     if not storage.exists(storage.join(hf_dir, TOKENIZER_FILE)):
@@ -52,4 +57,20 @@ def import_checkpoint(settings: ImportConfig) -> str:
         storage.write_text(storage.join(tmp, rundir.CONFIG_NAME),
                            config.to_toml({"model": config.as_table(model_cfg)}))
         folder.save_safetensors(rundir.checkpoint_dir(tmp, 0), rundir.MODEL_WEIGHTS, arrays)
+        ownership.snapshot(tmp, "import")
     return storage.join(rundir.checkpoint_dir(run_dir, 0), rundir.MODEL_WEIGHTS)
+
+
+def check_replaced_run_dir(run_dir: str) -> None:
+    """Before ``--overwrite`` replaces ``run_dir``: no live trainer holds it, nothing in it was
+    changed since tpulm wrote it, and what training it held is said to be dropped."""
+    if not storage.isdir(run_dir):
+        return
+    lock.check_free(run_dir)
+    ownership.check_folder(run_dir, None, "tpulm import --overwrite would remove",
+                           "choose another --run-dir")
+    trained = [step for step, _ in rundir.list_checkpoints(run_dir) if step > 0]
+    if trained:
+        log.warning("--overwrite: %s holds %d trained checkpoint(s) (latest step %d) and their "
+                    "metrics; they are dropped and replaced by the imported weights at step 0",
+                    run_dir, len(trained), trained[-1])

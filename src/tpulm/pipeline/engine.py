@@ -11,6 +11,12 @@ removed and runs afresh, and so, through the key chain, does every stage downstr
 only those. A ``precious`` stage's outputs are never removed unless the user names it in
 ``restart``; a change of only its ``continuable`` settings continues from them, any other change
 stops before anything is touched.
+
+Outputs are removed only when every file in them is tpulm's (:mod:`tpulm.ownership`: written
+by a stage whose outputs lie inside them and unchanged since) and no live process holds them
+(:mod:`tpulm.lock`); otherwise the run stops before any stage runs, naming the files, unless
+``overwrite``. After a stage finishes, its outputs are recorded as its own, less the files that
+were not tpulm's before it ran.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import dataclasses
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from tpulm import storage
+from tpulm import lock, ownership, storage
 from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
@@ -46,6 +53,7 @@ class Stage:
     upstream: tuple[str, ...] = ()
     precious: bool = False
     continuable: frozenset[str] = frozenset()  # "table.key" settings a rerun can continue with
+    files: tuple[str, ...] = ()  # files it writes (and records) inside other stages' outputs
 
 
 def key_of(settings: Mapping[str, Any], upstream_keys: list[str]) -> str:
@@ -72,10 +80,15 @@ def read_record(work_dir: str, name: str) -> dict[str, Any] | None:
 def write_record(work_dir: str, name: str, key: str, complete: bool,
                  settings: Mapping[str, Any] | None = None,
                  upstream: Mapping[str, str] | None = None) -> None:
-    """Write ``WORK/stages/NAME.json``: the key, whether done, and the settings it ran with."""
+    """Write ``WORK/stages/NAME.json``: the key, whether done, the settings it ran with, and
+    when its first unfinished run started (its files are its own though not recorded yet)."""
     storage.makedirs(storage.join(work_dir, STAGES_DIR))
+    old = read_record(work_dir, name) or {}
     record = {"key": key, "complete": complete, "settings": dict(settings or {}),
               "upstream": dict(upstream or {})}
+    if not complete:  # a resumed run keeps the first start: the files of every attempt count
+        resumed = old.get("key") == key and not old.get("complete") and "started" in old
+        record["started"] = old["started"] if resumed else time.time()
     text = json.dumps(record, indent=1, sort_keys=True, default=str)
     storage.write_text(_record_path(work_dir, name), text + "\n")
 
@@ -172,7 +185,56 @@ def _refuse_foreign_outputs(stages: list[Stage], work_dir: str) -> None:
                 storage.check_replaceable(path, overwrite=False, ours=())
 
 
-def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = ()) -> dict[str, Any]:
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _writers(stage: Stage, stages: list[Stage]) -> set[str]:
+    """The stages whose files may go with ``stage``'s outputs: those writing inside them."""
+    return {other.name for other in stages
+            if any(_inside(o, p) for o in (*other.outputs, *other.files) for p in stage.outputs)}
+
+
+def _check_outputs(steps: list[Step], work_dir: str, overwrite: bool) -> dict[str, list[str]]:
+    """Before anything runs: outputs about to be removed hold only tpulm's files and no live
+    process; returns, per stage that runs, the files in its outputs that are not tpulm's (kept
+    out of its record).
+
+    Raises:
+        TpulmError: a live process holds an output to remove, or (without ``overwrite``) one
+            holds files tpulm did not write, all named.
+    """
+    stages = [step.stage for step in steps]
+    kept: dict[str, list[str]] = {}
+    doomed: list[str] = []
+    for step in steps:
+        if step.decision.action == "skip":
+            continue
+        record = read_record(work_dir, step.stage.name) or {}
+        since = None if record.get("complete", True) else record.get("started")
+        found = [f for path in step.stage.outputs
+                 for f in ownership.foreign(path, _writers(step.stage, stages), since)]
+        if step.decision.action == "rerun":
+            for path in step.stage.outputs:
+                lock.check_free(path)
+            doomed += [f for f in found if f not in doomed]
+        kept[step.stage.name] = found
+    if doomed and not overwrite:
+        raise ownership.refuse(doomed, "tpulm run would remove", "pass --overwrite to remove "
+                               "them with the stage outputs")
+    return kept
+
+
+def _record_outputs(stage: Stage, stages: list[Stage], kept: list[str]) -> None:
+    """Record a finished stage's outputs as its own (other stages' nested outputs apart)."""
+    for path in stage.outputs:
+        nested = [o for other in stages if other is not stage for o in other.outputs
+                  if _inside(o, path) and o != path]
+        ownership.snapshot(path, stage.name, skip=nested, keep=kept)
+
+
+def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = (),
+            overwrite: bool = False) -> dict[str, Any]:
     """Run ``stages`` in order, skipping complete ones; returns each stage's result (or None).
 
     Every decision is taken (and every refusal raised) before the first stage runs or any output
@@ -182,9 +244,11 @@ def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = ()) -
         stages: the stages, upstream ones first.
         work_dir: the folder holding ``stages/``, the records.
         restart: names of stages to start over, their outputs removed.
+        overwrite: remove outputs of a rerun even where they hold files tpulm did not write.
     """
     steps = decide_all(stages, work_dir, restart)
     _refuse_foreign_outputs(stages, work_dir)
+    kept = _check_outputs(steps, work_dir, overwrite)
     results: dict[str, Any] = {}
     for step in steps:
         stage = step.stage
@@ -198,5 +262,6 @@ def execute(stages: list[Stage], work_dir: str, restart: Collection[str] = ()) -
                     storage.rmtree(path)
         write_record(work_dir, stage.name, step.key, False, stage.settings, step.upstream)
         results[stage.name] = stage.run()
+        _record_outputs(stage, stages, kept[stage.name])
         write_record(work_dir, stage.name, step.key, True, stage.settings, step.upstream)
     return results

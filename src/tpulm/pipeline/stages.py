@@ -27,7 +27,7 @@ import sys
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from tpulm import config, rundir, storage
+from tpulm import config, lock, rundir, storage
 from tpulm.errors import TpulmError
 from tpulm.pipeline.engine import Stage, execute
 
@@ -208,7 +208,9 @@ def wire(run: RunConfig, layout: Layout, cfg: StageSettings) -> list[Stage]:
                             ("export",)))
     if run.report:
         upstream = ("train", "evaluate") if stages[-1].name == "evaluate" else ("train",)
-        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream))
+        written = tuple(storage.join(layout.run, name) for name in (report.PNG_NAME, report.HTML_NAME))
+        stages.append(Stage("report", lambda: report.run(layout.run), {}, (), upstream,
+                            files=written))
     return stages
 
 
@@ -248,16 +250,18 @@ class RunResult:
 
 
 def run(tables: Mapping[str, Mapping[str, Any]], where: str,
-        restart: Collection[str] = ()) -> RunResult:
+        restart: Collection[str] = (), overwrite: bool = False) -> RunResult:
     """Run every stage of a root config, then answer its fill-mask prompts.
 
-    Every table is validated, and every stage's decision taken, before any output is touched.
+    Every table is validated, and every stage's decision taken, before any output is touched;
+    the work dir is locked for the whole run (one ``tpulm run`` per work dir).
 
     Args:
         tables: the root config, ``{table: {key: value}}`` with tables run, tokenizer, data,
             model, train and evaluate.
         where: where the tables came from, for error messages.
         restart: stages to start over (their outputs removed), e.g. ``("train",)``.
+        overwrite: let a rerun remove files in its outputs that tpulm did not write.
 
     Returns:
         The stages' results and the fill-mask answers.
@@ -265,11 +269,12 @@ def run(tables: Mapping[str, Mapping[str, Any]], where: str,
     from tpulm import fill_mask
 
     resolved = plan(tables, where)
-    results = execute(resolved.stages, resolved.run.work_dir, restart)
-    answers = []
-    if resolved.prompts:
-        predictor = fill_mask.load_predictor(resolved.layout.export)
-        answers = fill_mask.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
+    with lock.hold(resolved.run.work_dir, "tpulm run"):
+        results = execute(resolved.stages, resolved.run.work_dir, restart, overwrite)
+        answers = []
+        if resolved.prompts:
+            predictor = fill_mask.load_predictor(resolved.layout.export)
+            answers = fill_mask.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
     return RunResult(resolved, results, answers)
 
 

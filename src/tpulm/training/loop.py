@@ -107,7 +107,8 @@ class Trainer:
         except NonFiniteLoss as err:
             raise self._diverged(err.step) from None
         if self.start >= run.total_steps and run.eval_set is not None:
-            self.last_eval = self._evaluate(self.start)  # nothing left to train: report the state
+            # nothing left to train: report the state, without a second eval line
+            self.last_eval = self._evaluate(self.start, record=False)
         return self._summary(self._tokens_per_second(fit_started))
 
     def _run_calls(self) -> None:
@@ -177,15 +178,18 @@ class Trainer:
             "tokens_per_second": self.monitor.tokens_per_second,
         })
 
-    def _evaluate(self, step: int, logs: dict | None = None) -> dict[str, float]:
-        """An ``eval`` line over the whole validation split."""
+    def _evaluate(self, step: int, logs: dict | None = None,
+                  record: bool = True) -> dict[str, float]:
+        """An ``eval`` line over the whole validation split; written to metrics.jsonl only when
+        ``record`` (a finished run that is only reported on already has its line)."""
         if self.eval_ds is None:
             _, self.eval_ds = self._datasets(0)
         result = self.model.evaluate(self.eval_ds, verbose=0, return_dict=True)
         loss = float(result["token_loss"])
         values = {"loss": loss, "accuracy": float(result["accuracy"]),
                   "perplexity": math.exp(min(loss, 700.0))}
-        self.log.write("eval", step, step * self.run.tokens_per_step, values)
+        if record:
+            self.log.write("eval", step, step * self.run.tokens_per_step, values)
         log.info("eval at step %d: loss %.4f, accuracy %.4f, perplexity %.2f",
                  step, values["loss"], values["accuracy"], values["perplexity"])
         self.last_eval = values

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from tpulm import config, rundir, storage
+from tpulm import config, ownership, rundir, storage
 from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
 from tpulm.training.inputs import ShardSet
@@ -149,14 +149,43 @@ def _largest_id(shard_set: ShardSet) -> int:
     return -1
 
 
+# Who may have written the run dir files training replaces: itself, or `tpulm import`.
+RUN_DIR_WRITERS = ("train", "import")
+
+
+def check_run_dir_files(run_dir: str) -> None:
+    """Before any work: the files training rewrites in ``run_dir`` (``config.toml``,
+    ``metrics.jsonl``, the tokenizer copy) are missing or tpulm's (:mod:`tpulm.ownership`).
+
+    A run dir of an older tpulm (checkpoints, but no record of what it wrote) is trusted.
+
+    Raises:
+        TpulmError: naming the files tpulm did not write (or that changed since).
+    """
+    if not storage.isdir(run_dir):
+        return
+    if not ownership.read(run_dir) and rundir.latest_checkpoint(run_dir):
+        return
+    copy = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    names = [rundir.CONFIG_NAME, rundir.METRICS_NAME]
+    if storage.isdir(copy):
+        names += [f"{rundir.TOKENIZER_DIR}/{name}" for name in storage.listdir(copy)]
+    ownership.check_files(run_dir, names, RUN_DIR_WRITERS, "tpulm train would overwrite",
+                          "choose another --run-dir")
+
+
 def prepare_run_dir(run_dir: str, tokenizer_dir: str, tables: dict[str, dict]) -> None:
-    """Write ``config.toml`` (atomically) and copy the tokenizer into the run dir if needed."""
+    """Write ``config.toml`` (atomically) and copy the tokenizer into the run dir if needed;
+    both recorded as training's (:mod:`tpulm.ownership`)."""
     storage.makedirs(run_dir)
     copy = storage.join(run_dir, rundir.TOKENIZER_DIR)
+    written = [rundir.CONFIG_NAME]
     if tokenizer_dir != copy:
         storage.makedirs(copy)
         for name in storage.listdir(tokenizer_dir):
             source = storage.join(tokenizer_dir, name)
-            if not storage.isdir(source):
+            if not storage.isdir(source) and name not in ownership.IGNORED:
                 storage.write_bytes(storage.join(copy, name), storage.read_bytes(source))
+                written.append(f"{rundir.TOKENIZER_DIR}/{name}")
     storage.write_text(storage.join(run_dir, rundir.CONFIG_NAME), config.to_toml(tables))
+    ownership.record(run_dir, written, "train")

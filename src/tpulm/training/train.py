@@ -25,10 +25,12 @@ def run(cfg: TrainConfig, model: Mapping[str, Any] | None = None) -> TrainResult
     """
     backends.activate(cfg.backend)  # before tpulm.training.loop imports Keras
     from tpulm.hf import export, hub
-    from tpulm.training import lock, loop, setup
+    from tpulm import lock
+    from tpulm.training import loop, preflight, setup
 
     if cfg.push_to_hub:  # offline or no token: say so before hours of training, not after
         hub.check_hub_access(cfg.push_to_hub)
+    preflight.check_run_dir_files(cfg.run_dir)  # nothing of the user's gets overwritten
     prepared = setup.prepare(cfg, dict(model or {}))  # checks, data, strategy: writes nothing
     with lock.hold(cfg.run_dir, enabled=prepared.writer):  # one trainer per run dir
         result = loop.Trainer(prepared).fit()  # build, restore, write the run dir; then train
