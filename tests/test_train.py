@@ -243,7 +243,7 @@ def test_the_training_model_is_built_and_compiled_without_data_or_run_dir(tmp_pa
 def test_rerunning_a_finished_run_appends_no_duplicate_eval_line(tmp_path, corpus):
     common = dict(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
                   tokenizer=str(corpus["tokenizer"]), run_dir=str(tmp_path / "run"), max_steps=2,
-                  checkpoint_every=2, eval_every=2, jit_compile="false", **QUICK)
+                  checkpoint_every=2, eval_every=2, **QUICK)
     run(TrainConfig(**common))
     before = (tmp_path / "run" / rundir.METRICS_NAME).read_text()
     assert [x["split"] for x in _metrics(tmp_path / "run")].count("eval") == 1
