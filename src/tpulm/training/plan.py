@@ -38,6 +38,7 @@ from tpulm.training.tpu_chips import CHIPS, Topology, parse_topology
 log = logging.getLogger(__name__)
 setting = config.setting
 GIB = 2.0**30
+AXES = (jax_mesh.DATA_AXIS, jax_mesh.MODEL_AXIS)
 LIBTPU_PIN = "libtpu==0.0.42.1"  # pairs with jax 0.10.2 (what `jax[tpu]==0.10.2` installs)
 # The TPU compiler's refusal: "... HLO temporaries (70.38G) exceeds available HBM (15.75G)".
 _OOM = re.compile(r"total memory required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds "
@@ -101,6 +102,7 @@ class PlanResult:
     bytes_per_step: float | None
     step_seconds_bound: float | None
     tokens_per_second_bound: float | None
+    mfu_at_bound: float | None
     mfu: float
     tokens_per_second_at_mfu: float
     price_per_chip_hour: float
@@ -159,6 +161,9 @@ def _quiet_fd2():
 def tpu_devices(topology: Topology) -> list:
     """The device descriptions of ``topology`` (no TPU needed, only libtpu)."""
     require_libtpu()
+    # libtpu takes /tmp/libtpu_lockfile, one process per TPU VM, or fails ("Internal error when
+    # accessing libtpu multi-process lockfile"); compiling uses no TPU, so plans run side by side.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     with _quiet_fd2():
@@ -226,7 +231,7 @@ def build_trainer_model(model_cfg, train: TrainConfig, model_parallel: int, batc
 
     strategies.set_precision(train.precision)
     keras.utils.set_random_seed(train.seed)
-    cpu = keras.distribution.DeviceMesh((1, 1), jax_mesh._AXES, devices=jax.devices("cpu")[:1])
+    cpu = keras.distribution.DeviceMesh((1, 1), AXES, devices=jax.devices("cpu")[:1])
     layouts = keras.distribution.LayoutMap(cpu)
     if train.mesh:
         for pattern, axes in jax_mesh.layout_rules(model_cfg, model_parallel).items():
@@ -357,7 +362,7 @@ def measure(model_cfg, train: TrainConfig, topology: Topology, devices: list, ba
     data, model_parallel = mesh_sizes(train, topology.chips)
     batch = batch_structs(train, batch_size * data, length, head_slots(train, length))
     mesh = Mesh(np.array(devices[: data * model_parallel]).reshape(data, model_parallel),
-                jax_mesh._AXES)
+                AXES)
     try:
         model = build_trainer_model(model_cfg, train, model_parallel, batch)
         state = state_structs(model, mesh)
@@ -450,7 +455,8 @@ def _result(plan, train, topology, model_cfg, step: StepMeasure, fits, suggestio
         optimizer_gib=step.optimizer / GIB, batch_gib=step.batch / GIB,
         temporaries_gib=gib(step.temp), flops_per_step=step.flops,
         model_flops_per_step=model_flops_per_chip, bytes_per_step=step.bytes_accessed,
-        step_seconds_bound=bound, tokens_per_second_bound=tps_bound, mfu=plan.mfu,
+        step_seconds_bound=bound, tokens_per_second_bound=tps_bound,
+        mfu_at_bound=model_flops_per_chip / (bound * peak) if bound else None, mfu=plan.mfu,
         tokens_per_second_at_mfu=tps_mfu, price_per_chip_hour=price,
         hours_at_bound=hours["bound"][0], cost_at_bound=hours["bound"][1],
         hours_at_mfu=hours["mfu"][0], cost_at_mfu=hours["mfu"][1], suggestions=tuple(suggestions),
@@ -508,13 +514,15 @@ def summary(result: PlanResult) -> str:
             f"compute      {r.flops_per_step / 1e12:.3f} TFLOP per chip per step (model FLOPs "
             f"{r.model_flops_per_step / 1e12:.3f}), {r.bytes_per_step / 1e9:.2f} GB accessed",
             f"bound        {1e3 * r.step_seconds_bound:.2f} ms per step ({bound_by}-bound), "
-            f"{r.tokens_per_second_bound:,.0f} tokens/s",
+            f"{r.tokens_per_second_bound:,.0f} tokens/s, MFU {100 * r.mfu_at_bound:.0f}%",
         ]
     else:
         usable = f" ({r.hbm_usable_gib:.2f} GiB usable)" if r.hbm_usable_gib else ""
         lines.append(f"HBM          needs {r.hbm_needed_gib:.2f} GiB per chip, has "
                      f"{r.hbm_gib:g} GiB{usable}: does NOT fit")
-    lines.append(f"at {100 * r.mfu:g}% MFU   {r.tokens_per_second_at_mfu:,.0f} tokens/s")
+    beyond = (" (beyond the bound: this step cannot reach it)"
+              if r.mfu_at_bound is not None and r.mfu > r.mfu_at_bound else "")
+    lines.append(f"at {100 * r.mfu:g}% MFU   {r.tokens_per_second_at_mfu:,.0f} tokens/s{beyond}")
     if r.hours_at_mfu is not None:
         at_bound = (f"{r.hours_at_bound:,.1f} h (${r.cost_at_bound:,.0f}) at the bound, "
                     if r.hours_at_bound is not None else "")
