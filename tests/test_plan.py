@@ -159,3 +159,21 @@ def test_without_libtpu_one_line_says_how_to_install_it():
         "tpulm: error: tpulm plan compiles with the TPU compiler, libtpu, which is not installed: "
         "pip install 'tpulm[tpu]' (or pip install 'libtpu==0.0.42.1')"
     ]
+
+
+def test_libtpus_probe_for_a_tpu_is_kept_off_the_screen():
+    """With the tpu extra installed every JAX start on a CPU machine prints these (measured)."""
+    from tpulm.cli._quiet import NOISE
+
+    probe = [
+        "Failed to find host bounds for accelerator type: WARNING: could not determine TPU "
+        "accelerator type, please set env var `TPU_ACCELERATOR_TYPE` manually",
+        "WARNING: Logging before InitGoogle() is written to STDERR",
+        "E0000 00:00:1796045239.902723    6620 common_lib.cc:554] INVALID_ARGUMENT: Error: "
+        "unexpected worker hostname 'WARNING: could not determine TPU worker hostnames'",
+        "=== Source Location Trace: === ",
+        "learning/45eac/tfrc/runtime/libtpu_init_utils.cc:327",
+    ]
+    assert all(NOISE.match(line + "\n") for line in probe)
+    assert not NOISE.match("Traceback (most recent call last):\n")
+    assert not NOISE.match("tpulm: error: --topology 'v5litepod-3': ...\n")
