@@ -72,7 +72,8 @@ def _cli(*args: str, env: dict | None = None, prefix: str = "") -> subprocess.Co
 ])
 def test_topology_names_map_to_jax_topologies(name, chips, jax_topology, config):
     topology = tpu_chips.parse_topology(name)
-    assert (topology.chips, topology.jax_topology, topology.chip_config) == (chips, jax_topology, config)
+    got = (topology.chips, topology.jax_topology, topology.chip_config)
+    assert got == (chips, jax_topology, config)
 
 
 @pytest.mark.parametrize("name", ["v5litepod-3", "v4-6", "v4-7", "h100-8", "v5p"])

@@ -51,7 +51,8 @@ class PlanConfig:
     """Settings of ``tpulm plan`` beside those of ``tpulm train`` (the ``[plan]`` table)."""
 
     topology: str = setting(
-        "v5litepod-8", "Cloud TPU type to compile for: v4-8, v5litepod-4, v5p-8, v6e-8, 2xv5p-8, ...")
+        "v5litepod-8",
+        "Cloud TPU type to compile for: v4-8, v5litepod-4, v5p-8, v6e-8, 2xv5p-8, ...")
     max_length: int = setting(512, "tokens per sequence (the shards' --max-length)")
     vocab_size: int | None = setting(None, "vocabulary size when no --tokenizer is given")
     tokens: float | None = setting(None, "tokens to train: prints the hours and cost of the run")
@@ -191,7 +192,8 @@ def model_config(train: TrainConfig, plan: PlanConfig, model_table: Mapping[str,
     elif plan.vocab_size:
         table["vocab_size"] = plan.vocab_size
     else:
-        raise TpulmError("tpulm plan needs the vocabulary size: pass --tokenizer DIR or --vocab-size N")
+        raise TpulmError(
+            "tpulm plan needs the vocabulary size: pass --tokenizer DIR or --vocab-size N")
     cfg = config.from_mapping(ModelConfig, table, f"model {train.model!r}")
     if plan.max_length > cfg.max_positions:
         raise TpulmError(
@@ -277,7 +279,7 @@ def _state_variables(model) -> tuple[list, list, list, list]:
 
 
 def state_structs(model, mesh) -> tuple:
-    """Keras' JAX train state as sharded ``ShapeDtypeStruct``s: each variable's layout on ``mesh``."""
+    """Keras' JAX train state as sharded ``ShapeDtypeStruct``s, each variable's layout on ``mesh``."""
     import jax
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -396,7 +398,8 @@ def _on_rows(batch: tuple, mesh) -> list:
     return [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rows) for s in jax.tree.leaves(batch)]
 
 
-def run(plan: PlanConfig, train: TrainConfig, model_table: Mapping[str, Any] | None = None) -> PlanResult:
+def run(plan: PlanConfig, train: TrainConfig,
+        model_table: Mapping[str, Any] | None = None) -> PlanResult:
     """Compile ``tpulm train --backend jax``'s step for ``plan.topology``; fit, speed and cost.
 
     Args:
@@ -485,12 +488,14 @@ def _suggestions(model_cfg, train, topology, devices, length, step: StepMeasure,
         out.append(f"--mesh data={max(data // 2, 1)},model={model_parallel * 2} (weights, "
                    "optimizer state and their gradients split over twice as many chips)")
     bigger = "v5p (95 GiB per chip)" if topology.chip.name != "v5p" else None
-    out.append("a shorter --max-length" + (f", or a chip with more HBM: {bigger}" if bigger else ""))
+    out.append("a shorter --max-length"
+               + (f", or a chip with more HBM: {bigger}" if bigger else ""))
     return out
 
 
 def _divides(model_cfg, model_parallel: int) -> bool:
-    return not (model_cfg.hidden_size % model_parallel or model_cfg.intermediate_size % model_parallel)
+    return not (model_cfg.hidden_size % model_parallel
+                or model_cfg.intermediate_size % model_parallel)
 
 
 def summary(result: PlanResult) -> str:

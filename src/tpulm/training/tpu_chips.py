@@ -3,9 +3,9 @@
 Nothing here imports JAX: ``tpulm plan`` parses the topology (and says what is wrong with it)
 before it starts the compiler.
 
-Chip figures are Google's published per-chip numbers (Cloud TPU documentation, "System
-architecture" pages of v4, v5e, v5p and v6e, https://cloud.google.com/tpu/docs/system-architecture-tpu-vm
-and the per-version pages linked from it): dense bfloat16 peak, HBM capacity and HBM bandwidth.
+Chip figures are Google's published per-chip numbers (Cloud TPU documentation: the v4, v5e,
+v5p and v6e pages under https://cloud.google.com/tpu/docs, linked from "System architecture"):
+dense bfloat16 peak, HBM capacity and HBM bandwidth.
 Prices are the on-demand USD per chip-hour listed on https://cloud.google.com/tpu/pricing in
 2025 (US regions); they change and differ by region, so ``--price-per-chip-hour`` overrides them.
 """
