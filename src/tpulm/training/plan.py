@@ -139,8 +139,9 @@ def require_libtpu() -> None:
 
 @contextlib.contextmanager
 def _quiet_fd2():
-    """Hold fd 2 while libtpu starts: it prints errors about TPU_WORKER_HOSTNAMES and the
-    accelerator type on machines without a TPU, harmless for compilation. Shown on failure."""
+    """Hold fd 2 while libtpu works: it prints errors about TPU_WORKER_HOSTNAMES and the
+    accelerator type on machines without a TPU, harmless for compilation. Shown on failure
+    (but for the compiler's refusal to exceed HBM, which the plan reports itself)."""
     import sys
 
     sys.stderr.flush()
@@ -149,10 +150,11 @@ def _quiet_fd2():
         os.dup2(sink.fileno(), 2)
         try:
             yield
-        except BaseException:
+        except BaseException as err:
             os.dup2(saved, 2)
-            sink.seek(0)
-            os.write(2, sink.read())
+            if _refusal(str(err)) is None:  # a refusal is reported as such; anything else in full
+                sink.seek(0)
+                os.write(2, sink.read())
             raise
         finally:
             os.dup2(saved, 2)
