@@ -2,7 +2,8 @@
 
 The test process imports Keras on TensorFlow, so the compiles run in subprocesses on the JAX
 backend: one runs the library's ``plan.run`` for a few tiny configurations (module fixture), the
-others the real command line. Each TPU compile of a tiny model takes 10-40 s on 2 CPU cores.
+others the real command line. A TPU compile of a one-block model takes 10-60 s on 2 CPU cores
+(more when other jobs share them).
 libtpu comes with the ``tpu`` extra that ``make test`` installs: without it these tests fail.
 """
 
@@ -24,15 +25,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 ENV = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
        "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
 # ModernBERT-tiny made 2x wider: at width 64 non-matmul work (norms, softmax, AdamW) is ~15% of
-# the compiler's FLOPs; at 128 the matmuls flops.py counts dominate, as in real models.
-WIDE = {"hidden_size": 128, "intermediate_size": 256}
+# the compiler's FLOPs; at 128 the matmuls flops.py counts dominate, as in real models (8.6%
+# more than flops.py counts). One block: it compiles in 2/3 of the time of three.
+WIDE = {"hidden_size": 128, "intermediate_size": 256, "num_layers": 1}
 BASE = {"topology": "v5litepod-4", "max_length": 128, "vocab_size": 1000}
 TRAIN = {"model": "modernbert-tiny", "batch_size": 16, "precision": "mixed_bfloat16"}
 CASES = {
     "v5e": (BASE, TRAIN, WIDE),
-    "v5e_batch_64": (BASE, {**TRAIN, "batch_size": 64}, WIDE),
+    "v5e_batch_256": (BASE, {**TRAIN, "batch_size": 256}, WIDE),
     "v5e_model_axis": (BASE, {**TRAIN, "mesh": "data=2,model=2"}, WIDE),
-    "v4": ({**BASE, "topology": "v4-8"}, {"model": "tiny", "batch_size": 16}, {}),
+    "v4": ({**BASE, "topology": "v4-8"}, {"model": "tiny", "batch_size": 16}, {"num_layers": 1}),
 }
 PLAN_CASES = """
 import json, sys
@@ -107,11 +109,11 @@ def test_compiler_flops_agree_with_flops_py(plans):
 
 
 def test_temporaries_grow_with_the_per_chip_batch(plans):
-    small, large = plans["v5e"], plans["v5e_batch_64"]
+    small, large = plans["v5e"], plans["v5e_batch_256"]
     # (the compiler may keep a small step's temporaries out of HBM altogether: 0 bytes)
     assert 0 <= small["temporaries_gib"] < large["temporaries_gib"]
     assert small["hbm_needed_gib"] < large["hbm_needed_gib"]
-    assert large["flops_per_step"] > 3.5 * small["flops_per_step"]  # 4x the rows
+    assert large["flops_per_step"] > 12 * small["flops_per_step"]  # 16x the rows
     assert large["parameters_gib"] == small["parameters_gib"]
 
 
@@ -128,7 +130,8 @@ def test_the_same_plan_twice_gives_the_same_numbers(plans, tmp_path):
             "--model", "modernbert-tiny", "--batch-size", "16", "--precision", "mixed_bfloat16",
             "--json"]
     config = tmp_path / "wide.toml"  # the CLI takes the [model] table of --config, as train
-    config.write_text("[model]\nhidden_size = 128\nintermediate_size = 256\n", encoding="utf-8")
+    config.write_text("[model]\n" + "".join(f"{k} = {v}\n" for k, v in WIDE.items()),
+                      encoding="utf-8")
     done = _cli(*args, "--config", str(config))
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout) == plans["v5e"]
