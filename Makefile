@@ -15,7 +15,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[hf,jax,report,test]"
+	$(BIN)/python -m pip install --quiet -e ".[hf,jax,report,test,tpu]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -30,7 +30,7 @@ T = TypeVar("T")
 
 SCALARS = (bool, int, float, str)
 # The tables of a root config file (``tpulm run``); each stage's command reads its own from it.
-TABLES = ("run", "tokenizer", "data", "model", "train", "evaluate")
+TABLES = ("run", "tokenizer", "data", "model", "train", "evaluate", "plan")
 
 
 def setting(default: Any, help: str, **kwargs: Any) -> Any:

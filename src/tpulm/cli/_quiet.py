@@ -20,7 +20,10 @@ import threading
 NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\)"
     r"|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\]"
-    r"|E\d{4} [\d:.]+ +\d+ \S+:\d+\] .*(cuInit|CUDA|cuda|TPU|tpu_))"
+    r"|E\d{4} [\d:.]+ +\d+ \S+:\d+\] .*(cuInit|CUDA|cuda|TPU|tpu_)"
+    # libtpu (the `tpu` extra, for `tpulm plan`) probing for a TPU at every JAX start elsewhere
+    r"|WARNING: Logging before InitGoogle\(\)|Failed to find host bounds for accelerator type"
+    r"|WARNING: could not determine TPU|=== Source Location Trace: ===\s*$|learning/\S+\.cc:\d+$)"
 )
 
 
