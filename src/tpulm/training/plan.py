@@ -205,36 +205,25 @@ def model_config(train: TrainConfig, plan: PlanConfig, model_table: Mapping[str,
     return cfg
 
 
-def head_slots(train: TrainConfig, length: int) -> int:
-    """LM-head slots per row, as the trainer's masker sizes them (``Trainer._masker``)."""
-    from tpulm.training.masking import max_predictions, whole_word_predictions
-
-    if train.whole_word_mask:
-        return whole_word_predictions(length, train.mlm_probability)
-    return max_predictions(length, train.mlm_probability, group_rows=train.batch_size)
-
-
 def mesh_sizes(train: TrainConfig, chips: int) -> tuple[int, int]:
     """(data, model) axis sizes: ``--mesh`` on the slice's chips, else all data parallel."""
     return jax_mesh.parse_mesh(train.mesh, chips) if train.mesh else (chips, 1)
 
 
 def build_trainer_model(model_cfg, train: TrainConfig, model_parallel: int, batch: dict):
-    """The model, compiled as the trainer compiles it, with every variable's layout set.
+    """The model, built and compiled by the trainer's own ``setup`` functions, every variable
+    with the layout ``tpulm train --backend jax`` gives it.
 
     Built on one CPU device under a (1, 1) ``ModelParallel`` mesh whose layout map holds the
-    trainer's rules for a model axis of ``model_parallel`` (optimizer slots inherit them).
-
-    TODO(merge): replace by the loop's data-free build + compile once it lands.
+    trainer's rules for a model axis of ``model_parallel`` (optimizer slots inherit them); the
+    plan then places those layouts on the TPU mesh.
     """
     import jax
     import keras
 
-    from tpulm.model.networks import build_model
-    from tpulm.training import objective, schedule, strategies
+    from tpulm.training import process, setup
 
-    strategies.set_precision(train.precision)
-    keras.utils.set_random_seed(train.seed)
+    process.set_precision(train.precision)
     cpu = keras.distribution.DeviceMesh((1, 1), AXES, devices=jax.devices("cpu")[:1])
     layouts = keras.distribution.LayoutMap(cpu)
     if train.mesh:
@@ -242,20 +231,11 @@ def build_trainer_model(model_cfg, train: TrainConfig, model_parallel: int, batc
             layouts[pattern] = axes
     distribution = keras.distribution.ModelParallel(
         layout_map=layouts, batch_dim_name=jax_mesh.DATA_AXIS, auto_shard_dataset=False)
+    strategy = jax_mesh.MeshStrategy(distribution, data_parallel=1, name="tpulm plan")
     total = 1000  # the schedule's length changes no shape of the step
-    with distribution.scope():
-        model = build_model(model_cfg)
-        lr = schedule.LinearWarmupDecay(
-            train.learning_rate, schedule.warmup_steps(train.warmup, total), total,
-            train.gradient_accumulation)
-        optimizer = schedule.make_optimizer(
-            model, learning_rate=lr, weight_decay=train.weight_decay, clip_norm=train.clip_norm,
-            accumulation=train.gradient_accumulation)
-        if train.precision == "mixed_float16":
-            optimizer = keras.optimizers.LossScaleOptimizer(optimizer)
-        optimizer.build(model.trainable_variables)
-        model.compile(optimizer=optimizer, loss=objective.MaskedLMLoss(),
-                      weighted_metrics=objective.weighted_metrics(), jit_compile=True)
+    model, optimizer, _ = setup.build_for_training(train, model_cfg, strategy, total)
+    setup.compile_for_training(model, optimizer, train, strategy)
+    with strategy.scope():
         model._symbolic_build(data_batch=batch)  # metrics variables, as fit's first step does
     return model
 
@@ -362,9 +342,11 @@ def measure(model_cfg, train: TrainConfig, topology: Topology, devices: list, ba
     import numpy as np
     from jax.sharding import Mesh
 
+    from tpulm.training import setup
+
     train = dataclasses.replace(train, batch_size=batch_size)
     data, model_parallel = mesh_sizes(train, topology.chips)
-    batch = batch_structs(train, batch_size * data, length, head_slots(train, length))
+    batch = batch_structs(train, batch_size * data, length, setup.head_slots(train, length))
     mesh = Mesh(np.array(devices[: data * model_parallel]).reshape(data, model_parallel),
                 AXES)
     try:
@@ -433,8 +415,10 @@ def run(plan: PlanConfig, train: TrainConfig,
 def _result(plan, train, topology, model_cfg, step: StepMeasure, fits, suggestions, data,
             model_parallel) -> PlanResult:
     """The figures of ``step`` with the roofline bound, hours and cost."""
+    from tpulm.training import setup
+
     chip, chips, length = topology.chip, topology.chips, plan.max_length
-    slots = head_slots(train, length)
+    slots = setup.head_slots(train, length)
     tokens_per_step = train.batch_size * data * length  # one micro-batch of the global batch
     model_flops = train.batch_size * data * flops.train_flops_per_sequence(model_cfg, length, slots)
     model_flops_per_chip = model_flops / chips  # replicas of the model axis share the work

@@ -115,22 +115,29 @@ def _open_data(cfg: TrainConfig, tok, model_cfg):
     return train_set, eval_set
 
 
+def head_slots(cfg: TrainConfig, length: int) -> int:
+    """LM-head slots per row: what the masker budgets, so shapes stay static.
+
+    Token-level masking shares the slots of one replica's batch (``--batch-size`` rows): at seq
+    128 and 30% masking, 44 slots a row for a batch of 32 instead of 70 for each row alone.
+    Whole-word masking budgets per row (its cap never splits a word).
+    """
+    if cfg.whole_word_mask:
+        return whole_word_predictions(length, cfg.mlm_probability)
+    return max_predictions(length, cfg.mlm_probability, group_rows=cfg.batch_size)
+
+
 def _masker(cfg: TrainConfig, tok, vocab: int, length: int) -> Masker:
     """Token-level or whole-word masking, as ``cfg.whole_word_mask`` says."""
     special = tok.special
     common = dict(
         vocab_size=vocab, mask_id=special.mask_id, special_ids=special.ids,
         mlm_probability=cfg.mlm_probability, mask_token_rate=cfg.mask_token_rate,
-        random_token_rate=cfg.random_token_rate,
+        random_token_rate=cfg.random_token_rate, num_predictions=head_slots(cfg, length),
     )
     if not cfg.whole_word_mask:
-        # The rows of one replica's batch share their LM-head slots: at seq 128 and 30%
-        # masking, 44 slots a row for a batch of 32 instead of 70 for each row alone.
-        rows = cfg.batch_size
-        return Masker(num_predictions=max_predictions(length, cfg.mlm_probability, group_rows=rows),
-                      group_rows=rows, **common)
+        return Masker(group_rows=cfg.batch_size, **common)
     return WholeWordMasker(
-        num_predictions=whole_word_predictions(length, cfg.mlm_probability),
         word_starts=tuple(words.word_start_table(tok.tokenizer).tolist()), **common)
 
 
