@@ -104,6 +104,8 @@ def test_unknown_settings_are_user_errors():
         build_model(ModelConfig(**TINY), attention="sparse")
     with pytest.raises(TpulmError, match="--remat"):
         build_model(ModelConfig(**TINY), remat="layers")
+    with pytest.raises(TpulmError, match="exact on JAX only"):  # tf.recompute_grad redraws
+        build_model(ModelConfig(**{**TINY, "hidden_dropout": 0.1}), remat="block")
 
 
 def test_settings_survive_get_config(dense_modernbert):

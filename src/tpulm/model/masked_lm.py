@@ -62,6 +62,18 @@ def check_compute_settings(attention: str, remat: str) -> None:
         raise TpulmError(f"remat {remat!r} is not one of {', '.join(REMAT_MODES)} (--remat)")
 
 
+def check_remat_dropout(cfg: ModelConfig, remat: str) -> None:
+    """Refuse remat with dropout on TensorFlow: ``tf.recompute_grad`` reruns the block, and
+    Keras' dropout draws its seed from a stateful generator, so the recomputed block would drop
+    other units than the forward pass did (wrong gradients). ``jax.checkpoint`` replays the
+    traced computation, seeds included, so JAX is exact."""
+    dropout = cfg.hidden_dropout > 0 or cfg.attention_dropout > 0
+    if remat != "none" and dropout and keras.backend.backend() == "tensorflow":
+        raise TpulmError(f"remat {remat!r} with dropout (hidden_dropout {cfg.hidden_dropout}, "
+                         f"attention_dropout {cfg.attention_dropout}) is exact on JAX only: "
+                         "use --backend jax, --remat none, or dropout 0")
+
+
 def remat_call(fn, x, enabled: bool):
     """``fn(x)``, recomputed in the backward pass instead of keeping its activations when
     ``enabled`` (``keras.remat``: ``jax.checkpoint`` on JAX, ``tf.recompute_grad`` on TF).
@@ -110,6 +122,7 @@ class Backbone(ConfigLayer):
                  remat: str = "none", **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         check_compute_settings(attention, remat)
+        check_remat_dropout(self.cfg, remat)
         self.attention = attention
         self.remat = remat
 
