@@ -32,6 +32,7 @@ import numpy as np
 from keras import ops
 
 from tpulm.errors import TpulmError
+from tpulm.model.config import ATTENTION_MODES
 
 # Block of the blocked path: queries in blocks of this many attend the key blocks within reach.
 # With ModernBERT's window (128, 64 each side) a block of 64 reads 3 x 64 = 192 keys per query
@@ -323,7 +324,7 @@ AUTO_PATHS = {
     ("jax", "tpu"): AttentionPaths(global_=_splash, local=_splash),
     ("jax", "*"): AttentionPaths(global_=_dense, local=_blocked),  # CPU
 }
-MODES = ("auto", "dense")
+MODES = ATTENTION_MODES
 
 
 def _jax_platform() -> str:

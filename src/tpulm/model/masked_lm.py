@@ -46,11 +46,8 @@ import keras
 from keras import ops
 
 from tpulm.errors import TpulmError
-from tpulm.model.attention import MODES as ATTENTION_MODES
-from tpulm.model.config import ModelConfig
+from tpulm.model.config import ATTENTION_MODES, REMAT_MODES, ModelConfig
 from tpulm.model.ops import gather_positions
-
-REMAT_MODES = ("none", "block", "full")
 
 
 def check_compute_settings(attention: str, remat: str) -> None:
