@@ -77,6 +77,13 @@ def model_config(path: str):
     return run_model_config(path if kind == "run" else _parent(_parent(path)))
 
 
+def tokenizer_folder(path: str) -> str:
+    """The tokenizer folder that goes with a run dir, checkpoint or export folder."""
+    if storage.exists(storage.join(path, rundir.CONFIG_NAME)):
+        return storage.join(path, rundir.TOKENIZER_DIR)
+    return _locate(path, None)[2]
+
+
 def read_weights(path: str, step: int | None = None) -> dict:
     """The weights of a run dir (``step``, default latest), checkpoint or export folder, as
     arrays keyed by the Keras variable paths."""

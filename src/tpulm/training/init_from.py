@@ -68,6 +68,20 @@ def model_table(path: str, overrides: Mapping[str, Any], max_length: int) -> dic
     return table
 
 
+def check_tokenizer(path: str, tokenizer_dir: str) -> None:
+    """Refuse a tokenizer other than the one ``path`` was trained with (token ids would mean
+    other words); a source without a tokenizer copy is taken on trust."""
+    from tpulm import storage, trained_model
+    from tpulm.data import tokenizer
+
+    source = trained_model.tokenizer_folder(path)
+    if not storage.exists(storage.join(source, tokenizer.TOKENIZER_FILE)):
+        return
+    if tokenizer.fingerprint(source) != tokenizer.fingerprint(tokenizer_dir):
+        raise TpulmError(f"--init-from {path} was trained with the tokenizer {source}, not "
+                         f"{tokenizer_dir}: pass --tokenizer {source}")
+
+
 def copy_weights(model, path: str) -> None:
     """Assign the weights of ``path`` to ``model`` (same variable paths and shapes)."""
     from tpulm import trained_model

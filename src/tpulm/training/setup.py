@@ -89,6 +89,8 @@ def prepare(cfg: TrainConfig, model_table: dict) -> Prepared:
     tokenizer_dir = preflight.resolve_tokenizer(cfg.run_dir, cfg.tokenizer)
     tok = tokenizer.open_folder(tokenizer_dir)
     vocab = tok.tokenizer.get_vocab_size()
+    if cfg.init_from:
+        init_from.check_tokenizer(cfg.init_from, tokenizer_dir)
     model_cfg = _model_config(cfg, model_table, vocab, tok.special.pad_id)
     train_set, eval_set = _open_data(cfg, tok, model_cfg)
     strategy = strategies.make_strategy(strategies.Placement(
