@@ -10,7 +10,8 @@ Each job runs in its own process, so its peak RSS (``ru_maxrss``) is its own.
   also ``ModernBertForMaskedLM`` (``attn_implementation="sdpa"``, ``sparse_prediction=True``) on
   the same ids and labels (torch AdamW).
 * ``short``: a step of ModernBERT vs RoBERTa of matched parameters (2 x 128: GeGLU 341 vs FFN
-  512; 4 x 256: GeGLU 684 vs 1024) at seq 64 and 128, side by side (alternating processes).
+  512; 4 x 256: GeGLU 684 vs 1024) at seq 64 and 128, side by side: both in one process, timed
+  in alternating rounds of ``--steps`` steps (median ms per step).
 
     PYTHONPATH=src python benchmarks/long_context_model.py scaling [--seqs 512,1024,2048,4096]
     PYTHONPATH=src python benchmarks/long_context_model.py short
@@ -65,19 +66,15 @@ def _model_cfg(table: dict, seq: int):
                           "max_position_embeddings": positions})
 
 
-def tpulm_job(job: dict) -> dict:
-    """tokens/s of tpulm train steps (XLA) for one model, path and length."""
-    from tpulm.training import process
-
-    process.configure_cpu_threads()  # as tpulm train does, before TensorFlow starts
+def tpulm_step(model_table: dict, seq: int, tokens: int, attention: str, remat: str = "none"):
+    """A compiled (XLA) tpulm train step for one model, path and length: ``step() -> loss``."""
     import keras
     import tensorflow as tf
 
     from tpulm.model.networks import build_model
 
-    data = batch(job["seq"], job["tokens"])
-    model = build_model(_model_cfg(job["model"], job["seq"]), attention=job["attention"],
-                        remat=job.get("remat", "none"))
+    data = batch(seq, tokens)
+    model = build_model(_model_cfg(model_table, seq), attention=attention, remat=remat)
     optimizer = keras.optimizers.AdamW(1e-4)
     optimizer.build(model.trainable_variables)
     inputs = {k: tf.constant(v) for k, v in data.items() if k != "labels"}
@@ -92,7 +89,37 @@ def tpulm_job(job: dict) -> dict:
         optimizer.apply(grads, model.trainable_variables)
         return loss
 
-    return _timed(lambda: step().numpy(), job)
+    return lambda: step().numpy()
+
+
+def tpulm_job(job: dict) -> dict:
+    """tokens/s of tpulm train steps for one model, path and length."""
+    from tpulm.training import process
+
+    process.configure_cpu_threads()  # as tpulm train does, before TensorFlow starts
+    step = tpulm_step(job["model"], job["seq"], job["tokens"], job["attention"],
+                      job.get("remat", "none"))
+    return _timed(step, job)
+
+
+def pair_job(job: dict) -> dict:
+    """ModernBERT and RoBERTa steps in one process, timed in alternating rounds (the same
+    machine state for both): median ms per step of each."""
+    from tpulm.training import process
+
+    process.configure_cpu_threads()
+    steps = {name: tpulm_step(table, job["seq"], job["tokens"], "auto")
+             for name, table in job["models"].items()}
+    times = {name: [] for name in steps}
+    for name, step in steps.items():
+        step()  # compilation
+    for _ in range(job["rounds"]):
+        for name, step in steps.items():
+            t0 = time.perf_counter()
+            for _ in range(job["steps"]):
+                step()
+            times[name].append((time.perf_counter() - t0) / job["steps"])
+    return {name: 1000 * float(np.median(t)) for name, t in times.items()}
 
 
 def torch_job(job: dict) -> dict:
@@ -163,30 +190,26 @@ def scaling(args) -> None:
 def short(args) -> None:
     for name, (modern, roberta) in PAIRS.items():
         for seq in (64, 128):
-            common = {"kind": "tpulm", "seq": seq, "tokens": args.tokens, "steps": args.steps,
-                      "attention": "auto"}
-            results = {"modernbert": [], "roberta": []}
-            for _ in range(args.rounds):  # alternate: the same machine state for both
-                results["modernbert"].append(run_job({**common, "model": modern}))
-                results["roberta"].append(run_job({**common, "model": roberta}))
-            tps = {k: float(np.median([r["tokens_per_second"] for r in v]))
-                   for k, v in results.items()}
-            print(json.dumps({"pair": name, "seq": seq, **tps,
-                              "step_ratio": tps["roberta"] / tps["modernbert"],
-                              "load": os.getloadavg()[0]}), flush=True)
+            ms = run_job({"kind": "pair", "seq": seq, "tokens": args.tokens, "steps": args.steps,
+                          "rounds": args.rounds, "models": {"modernbert": modern,
+                                                            "roberta": roberta}})
+            ratio = ms["modernbert"] / ms["roberta"] if "error" not in ms else None
+            print(json.dumps({"pair": name, "seq": seq, "ms_per_step": ms,
+                              "modernbert_over_roberta": ratio}), flush=True)
 
 
 def main() -> None:
     if sys.argv[1:2] == ["job"]:
         job = json.loads(sys.argv[2])
-        print(json.dumps((torch_job if job["kind"] == "torch" else tpulm_job)(job)))
+        kinds = {"torch": torch_job, "tpulm": tpulm_job, "pair": pair_job}
+        print(json.dumps(kinds[job["kind"]](job)))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("scaling", "short"))
     parser.add_argument("--seqs", default="512,1024,2048,4096")
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per step")
     parser.add_argument("--steps", type=int, default=3, help="timed steps (median)")
-    parser.add_argument("--rounds", type=int, default=2, help="short: alternating rounds")
+    parser.add_argument("--rounds", type=int, default=5, help="short: alternating rounds")
     parser.add_argument("--no-torch", action="store_true")
     args = parser.parse_args()
     print(f"load before: {os.getloadavg()}", flush=True)

@@ -89,7 +89,7 @@ def test_roberta_auto_equals_dense():
 @pytest.mark.parametrize("remat,jit", [("block", False), ("full", False), ("block", True)])
 def test_remat_keeps_loss_and_gradients(dense_modernbert, remat, jit):
     model = _twin(dense_modernbert, ModelConfig(**TINY), attention="dense", remat=remat)
-    inputs = {**batch(True), "masked_positions": np.array([[1, 5], [2, 70], [0, 8]], np.int32)}
+    inputs = {**batch(True), "masked_positions": np.array([[1, 150], [2, 140], [0, 8]], np.int32)}
     weights = np.random.default_rng(3).normal(size=(3, 2, TINY["vocab_size"]))
     _, loss, grads = _logits_and_grads(model, inputs, weights.astype(np.float32), jit)
     _, ref_loss, ref_grads = _logits_and_grads(dense_modernbert, inputs,
@@ -128,3 +128,15 @@ def test_jax_auto_and_remat_equal_dense(tmp_path):
     assert set(results) == {"auto", "remat_block", "remat_full"}
     for name, result in results.items():
         assert result["logits"] <= TOLERANCE and result["grads"] <= TOLERANCE, (name, result)
+
+
+def test_blocked_path_only_where_it_reads_fewer_keys_than_dense(monkeypatch):
+    """ModernBERT's 128 window reads 3 blocks of 64 keys: blocked from seq 193 on, dense below."""
+    calls = []
+    blocked = attention.blocked_local_attention
+    monkeypatch.setattr(attention, "blocked_local_attention",
+                        lambda *a, **k: calls.append(a[0].shape[1]) or blocked(*a, **k))
+    for seq in (128, 192, 256):
+        x = tf.random.stateless_normal((1, seq, 2, 8), seed=(0, seq))
+        attention.attend(x, x, x, attention_mask=tf.ones((1, seq), tf.int32), window=128)
+    assert calls == [256]

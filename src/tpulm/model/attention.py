@@ -270,8 +270,16 @@ def _dense(q, k, v, *, attention_mask, segment_ids, window, scale):
     return dense_attention(q, k, v, dense_mask(attention_mask, segment_ids, window), scale=scale)
 
 
+def _blocked_span(window: int, block: int = LOCAL_BLOCK) -> int:
+    """Keys each query block of the blocked path reads: its block and those within reach."""
+    return (2 * -(-(window // 2) // block) + 1) * block
+
+
 def _blocked(q, k, v, *, attention_mask, segment_ids, window, scale):
-    if window is None or _static_length(q) is None:  # nothing to skip, or no static blocks
+    seq = _static_length(q)
+    # Nothing to skip, no static blocks, or blocks that would read at least every key (seq 128
+    # with a 128 window: 192 keys a query against 128): the dense masked path is then cheaper.
+    if window is None or seq is None or _blocked_span(window) >= seq:
         return _dense(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
                       window=window, scale=scale)
     return blocked_local_attention(q, k, v, token_segments(attention_mask, segment_ids),
