@@ -62,12 +62,32 @@ def load(path: str, step: int | None = None) -> LoadedModel:
 
     kind, weights_path, tok_dir = _locate(path, step)
     run_dir = {"run": path, "checkpoint": _parent(_parent(path))}.get(kind)
-    if kind == "export":
-        cfg = convert.model_config_from_hf(*folder.read_config(path))
-        arrays = convert.hf_to_keras(folder.read_hf_weights(path), cfg, path)
-    else:
-        cfg = run_model_config(run_dir)
-        arrays = weights.read(weights_path)
+    cfg = model_config(path)
     model = build_model(cfg, dtype="float32")
-    weights.assign(model.weights, arrays, weights_path)
+    weights.assign(model.weights, read_weights(path, step), weights_path)
     return LoadedModel(kind, model, cfg, tok_dir, run_dir)
+
+
+def model_config(path: str):
+    """The ``ModelConfig`` of a run dir, checkpoint or export folder (no Keras, no weights)."""
+    is_run = storage.exists(storage.join(path, rundir.CONFIG_NAME))
+    kind = "run" if is_run else _locate(path, None)[0]  # a run dir need not have a checkpoint
+    if kind == "export":
+        return convert.model_config_from_hf(*folder.read_config(path))
+    return run_model_config(path if kind == "run" else _parent(_parent(path)))
+
+
+def tokenizer_folder(path: str) -> str:
+    """The tokenizer folder that goes with a run dir, checkpoint or export folder."""
+    if storage.exists(storage.join(path, rundir.CONFIG_NAME)):
+        return storage.join(path, rundir.TOKENIZER_DIR)
+    return _locate(path, None)[2]
+
+
+def read_weights(path: str, step: int | None = None) -> dict:
+    """The weights of a run dir (``step``, default latest), checkpoint or export folder, as
+    arrays keyed by the Keras variable paths."""
+    kind, weights_path, _ = _locate(path, step)
+    if kind == "export":
+        return convert.hf_to_keras(folder.read_hf_weights(path), model_config(path), path)
+    return weights.read(weights_path)

@@ -32,6 +32,7 @@ import numpy as np
 from keras import ops
 
 from tpulm.errors import TpulmError
+from tpulm.model.config import ATTENTION_MODES
 
 # Block of the blocked path: queries in blocks of this many attend the key blocks within reach.
 # With ModernBERT's window (128, 64 each side) a block of 64 reads 3 x 64 = 192 keys per query
@@ -269,8 +270,16 @@ def _dense(q, k, v, *, attention_mask, segment_ids, window, scale):
     return dense_attention(q, k, v, dense_mask(attention_mask, segment_ids, window), scale=scale)
 
 
+def _blocked_span(window: int, block: int = LOCAL_BLOCK) -> int:
+    """Keys each query block of the blocked path reads: its block and those within reach."""
+    return (2 * -(-(window // 2) // block) + 1) * block
+
+
 def _blocked(q, k, v, *, attention_mask, segment_ids, window, scale):
-    if window is None or _static_length(q) is None:  # nothing to skip, or no static blocks
+    seq = _static_length(q)
+    # Nothing to skip, no static blocks, or blocks that would read at least every key (seq 128
+    # with a 128 window: 192 keys a query against 128): the dense masked path is then cheaper.
+    if window is None or seq is None or _blocked_span(window) >= seq:
         return _dense(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
                       window=window, scale=scale)
     return blocked_local_attention(q, k, v, token_segments(attention_mask, segment_ids),
@@ -323,7 +332,7 @@ AUTO_PATHS = {
     ("jax", "tpu"): AttentionPaths(global_=_splash, local=_splash),
     ("jax", "*"): AttentionPaths(global_=_dense, local=_blocked),  # CPU
 }
-MODES = ("auto", "dense")
+MODES = ATTENTION_MODES
 
 
 def _jax_platform() -> str:

@@ -20,6 +20,9 @@ ARCHITECTURES = ("roberta", "modernbert")
 # First component of every variable path of a model, per architecture (the weight maps rely on it).
 MODEL_NAMES = {"roberta": "roberta_mlm", "modernbert": "modernbert_mlm"}
 # ModernBERT activations (Transformers' names) -> whether GELU uses the tanh approximation.
+# How the networks compute (tpulm.model.networks.build_model), not what: never saved in [model].
+ATTENTION_MODES = ("auto", "dense")  # tpulm.model.attention.attend
+REMAT_MODES = ("none", "block", "full")  # tpulm.model.masked_lm.remat_call
 GELU_APPROXIMATE = {"gelu": False, "gelu_pytorch_tanh": True, "gelu_new": True}
 
 

@@ -21,6 +21,17 @@ Model inputs are a dict::
 
 and the output is float32 logits, (batch, P, vocab) or (batch, seq, vocab).
 
+Two settings change how the network computes, never what (both are constructor arguments of
+the task, passed down to the backbone; neither is part of the :class:`ModelConfig`, so saved
+configs and variable paths do not depend on them):
+
+* ``attention``: ``"auto"`` (the cheapest exact path for the backend and platform: blocked
+  sliding windows, splash on TPU, cuDNN on GPU) or ``"dense"`` (the masked reference); see
+  :func:`tpulm.model.attention.attend`;
+* ``remat``: ``"none"``, ``"block"`` (each transformer block recomputed from its input in the
+  backward pass: only block inputs are kept) or ``"full"`` (the masked-LM head as well: its
+  (batch, P, hidden) intermediates are not kept either); see :func:`remat_call`.
+
 Variable paths are ``<model name>/<layer>/...`` (``roberta_mlm/layer_0/query/kernel``,
 ``roberta_mlm/lm_head/bias``), without a ``backbone/`` component: checkpoints, the
 :mod:`tpulm.hf` weight maps and the JAX layout rules key on them (see :meth:`MaskedLM.build`).
@@ -34,8 +45,40 @@ from typing import Any, ClassVar
 import keras
 from keras import ops
 
-from tpulm.model.config import ModelConfig
+from tpulm.errors import TpulmError
+from tpulm.model.config import ATTENTION_MODES, REMAT_MODES, ModelConfig
 from tpulm.model.ops import gather_positions
+
+
+def check_compute_settings(attention: str, remat: str) -> None:
+    """Raise :class:`TpulmError` naming the setting when ``attention`` or ``remat`` is unknown."""
+    if attention not in ATTENTION_MODES:
+        raise TpulmError(f"attention {attention!r} is not one of {', '.join(ATTENTION_MODES)} "
+                         "(--attention): use auto or dense")
+    if remat not in REMAT_MODES:
+        raise TpulmError(f"remat {remat!r} is not one of {', '.join(REMAT_MODES)} (--remat)")
+
+
+def check_remat_dropout(cfg: ModelConfig, remat: str) -> None:
+    """Refuse remat with dropout on TensorFlow: ``tf.recompute_grad`` reruns the block, and
+    Keras' dropout draws its seed from a stateful generator, so the recomputed block would drop
+    other units than the forward pass did (wrong gradients). ``jax.checkpoint`` replays the
+    traced computation, seeds included, so JAX is exact."""
+    dropout = cfg.hidden_dropout > 0 or cfg.attention_dropout > 0
+    if remat != "none" and dropout and keras.backend.backend() == "tensorflow":
+        raise TpulmError(f"remat {remat!r} with dropout (hidden_dropout {cfg.hidden_dropout}, "
+                         f"attention_dropout {cfg.attention_dropout}) is exact on JAX only: "
+                         "use --backend jax, --remat none, or dropout 0")
+
+
+def remat_call(fn, x, enabled: bool):
+    """``fn(x)``, recomputed in the backward pass instead of keeping its activations when
+    ``enabled`` (``keras.remat``: ``jax.checkpoint`` on JAX, ``tf.recompute_grad`` on TF).
+
+    Only ``x`` is an argument of the recomputed function: everything else ``fn`` needs (masks,
+    RoPE tables, the training flag) is closed over, since no gradient flows into it.
+    """
+    return keras.remat(fn)(x) if enabled else fn(x)
 
 
 def as_model_config(cfg: ModelConfig | dict[str, Any]) -> ModelConfig:
@@ -63,8 +106,33 @@ class Backbone(ConfigLayer):
 
     Subclasses create their sublayers in ``__init__``, build them in :meth:`build_layers`, name
     the word-table layer ``token_embedding`` (the head's decoder is tied to it) and define
-    ``encode`` on the input dict of the module docstring.
+    ``encode`` on the input dict of the module docstring, running each block through
+    :meth:`run_block`.
+
+    Args:
+        cfg: the model config, or its fields as a dict.
+        attention: ``"auto"`` or ``"dense"`` (see the module docstring).
+        remat: ``"none"``, ``"block"`` or ``"full"`` (see the module docstring).
     """
+
+    def __init__(self, cfg: ModelConfig | dict[str, Any], attention: str = "auto",
+                 remat: str = "none", **kwargs: Any) -> None:
+        super().__init__(cfg, **kwargs)
+        check_compute_settings(attention, remat)
+        check_remat_dropout(self.cfg, remat)
+        self.attention = attention
+        self.remat = remat
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "attention": self.attention, "remat": self.remat}
+
+    def run_block(self, block, x, *args, training=None):
+        """``block(x, *args, training=training)``, rematerialized unless ``remat`` is none."""
+        return remat_call(lambda h: block(h, *args, training=training), x, self.remat != "none")
+
+    def run_layer(self, fn, x):
+        """``fn(x)`` for a layer after the blocks (the head): rematerialized under ``"full"``."""
+        return remat_call(fn, x, self.remat == "full")
 
     def build(self, input_shape=None) -> None:
         self.build_layers()
@@ -126,16 +194,21 @@ class MaskedLM(keras.Model):
 
     Args:
         cfg: the model config, or its fields as a dict (as ``get_config`` saves it).
+        attention: ``"auto"`` or ``"dense"``: how attention is computed (module docstring).
+        remat: ``"none"``, ``"block"`` or ``"full"``: what the backward pass recomputes.
     """
 
     backbone_class: ClassVar[type[Backbone]]
     head_class: ClassVar[type[MaskedLMHead]]
     head_name: ClassVar[str]
 
-    def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, cfg: ModelConfig | dict[str, Any], attention: str = "auto",
+                 remat: str = "none", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cfg = as_model_config(cfg)
-        self.backbone = self.backbone_class(self.cfg, name="backbone", dtype=self.dtype_policy)
+        self.attention, self.remat = attention, remat
+        self.backbone = self.backbone_class(self.cfg, attention=attention, remat=remat,
+                                            name="backbone", dtype=self.dtype_policy)
         self.lm_head = self.head_class(self.cfg, self.backbone.token_embedding,
                                        name=self.head_name, dtype=self.dtype_policy)
 
@@ -151,7 +224,8 @@ class MaskedLM(keras.Model):
         positions = inputs.get("masked_positions")
         if positions is not None:  # the head then runs on (batch, P, hidden) only
             x = gather_positions(x, positions)
-        return self.lm_head(x)
+        return self.backbone.run_layer(self.lm_head, x)
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg)}
+        return {**super().get_config(), "cfg": dataclasses.asdict(self.cfg),
+                "attention": self.attention, "remat": self.remat}

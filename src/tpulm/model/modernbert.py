@@ -21,8 +21,9 @@ Inputs, outputs and the backbone/head split are those of :mod:`tpulm.model.maske
 the sliding window too, and RoPE uses ``position_ids`` (from 0 in each document) instead of
 ``0..seq-1``.
 
-The sliding window is applied as a dense (seq, seq) mask: exact, but the attention cost stays
-quadratic in the sequence length (no block-sparse kernel).
+Attention goes through :func:`tpulm.model.attention.attend`: with ``attention="auto"`` the
+sliding-window layers cost seq x window (blocked, or splash on TPU) and global layers take the
+backend's fused kernel where one applies; ``"dense"`` is the masked (seq, seq) reference.
 
 Initialisation follows Transformers' ``ModernBertPreTrainedModel._init_weights``: truncated
 normal cut at ``+-initializer_cutoff_factor x std``; std ``initializer_range`` for the token
@@ -44,6 +45,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from tpulm.model.attention import attend
 from tpulm.model.config import GELU_APPROXIMATE, ModelConfig
 from tpulm.model.masked_lm import Backbone, ConfigLayer, MaskedLM, MaskedLMHead
 
@@ -120,11 +122,14 @@ class ModernBertBlock(ConfigLayer):
     Args:
         cfg: the model config.
         layer: the block's index (block 0 has no attention LayerNorm; see :func:`is_global`).
+        attention: ``"auto"`` or ``"dense"`` (:func:`tpulm.model.attention.attend`).
     """
 
-    def __init__(self, cfg: ModelConfig | dict[str, Any], layer: int, **kwargs: Any) -> None:
+    def __init__(self, cfg: ModelConfig | dict[str, Any], layer: int, attention: str = "auto",
+                 **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self.layer = layer
+        self.attention = attention
         cfg = self.cfg
         self.head_dim = cfg.hidden_size // cfg.num_heads
         std_in = cfg.initializer_range
@@ -160,35 +165,30 @@ class ModernBertBlock(ConfigLayer):
                 layer.build(input_shape)
         self.mlp_out.build((*input_shape[:-1], self.cfg.intermediate_size))
 
-    def _attend(self, x, rope, mask, training):
-        """Attention context (batch, seq, hidden); ``mask`` bool, broadcastable to (b, h, q, k)."""
+    def _attend(self, x, rope, attention_mask, segment_ids, training):
+        """Attention context (batch, seq, hidden): global, or in the sliding window."""
         batch, seq = ops.shape(x)[0], ops.shape(x)[1]
         qkv = ops.reshape(self.wqkv(x), (batch, seq, 3, self.cfg.num_heads, self.head_dim))
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # (batch, seq, heads, head_dim)
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        scale = self.head_dim**-0.5
+        dropout = None
         if training and self.cfg.attention_dropout > 0:
-            # dot_product_attention has no dropout on the probabilities: softmax explicitly.
-            logits = ops.cast(ops.einsum("bqhd,bkhd->bhqk", q, k), "float32") * scale
-            logits = ops.where(mask, logits, ops.cast(-1e9, "float32"))
-            probs = self.probs_dropout(ops.cast(ops.softmax(logits, axis=-1), v.dtype),
-                                       training=training)
-            context = ops.einsum("bhqk,bkhd->bqhd", probs, v)
-        else:
-            # Masks are finite large negatives inside: a query with no key left (padding, outside
-            # its window) averages uniformly instead of producing NaN.
-            context = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
+            dropout = lambda probs: self.probs_dropout(probs, training=training)  # noqa: E731
+        window = None if is_global(self.cfg, self.layer) else self.cfg.local_attention
+        context = attend(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
+                         window=window, scale=self.head_dim**-0.5, mode=self.attention,
+                         probs_dropout=dropout)
         return ops.reshape(context, (batch, seq, self.cfg.hidden_size))
 
-    def call(self, x, rope, mask, training=None):
+    def call(self, x, rope, attention_mask, segment_ids=None, training=None):
         h = x if self.attn_norm is None else self.attn_norm(x)
-        attended = self.attn_out(self._attend(h, rope, mask, training))
+        attended = self.attn_out(self._attend(h, rope, attention_mask, segment_ids, training))
         x = x + self.attn_dropout(attended, training=training)
         gate_in, gate = ops.split(self.wi(self.mlp_norm(x)), 2, axis=-1)
         return x + self.mlp_out(self.mlp_dropout(self.act(gate_in) * gate, training=training))
 
     def get_config(self) -> dict[str, Any]:
-        return {**super().get_config(), "layer": self.layer}
+        return {**super().get_config(), "layer": self.layer, "attention": self.attention}
 
 
 class ModernBertHead(MaskedLMHead):
@@ -220,7 +220,7 @@ class ModernBertBackbone(Backbone):
     """
 
     def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
-        super().__init__(cfg, **kwargs)
+        super().__init__(cfg, **kwargs)  # attention, remat: see Backbone
         cfg = self.cfg
         common = dict(dtype=self.dtype_policy)
         self.tok_embeddings = keras.layers.Embedding(
@@ -231,7 +231,8 @@ class ModernBertBackbone(Backbone):
             epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="embedding_norm", **common)
         self.embedding_dropout = keras.layers.Dropout(
             cfg.hidden_dropout, name="embedding_dropout", **common)
-        self.blocks = [ModernBertBlock(cfg, i, name=f"layer_{i}", **common)
+        self.blocks = [ModernBertBlock(cfg, i, attention=self.attention, name=f"layer_{i}",
+                                       **common)
                        for i in range(cfg.num_layers)]
         self.final_norm = keras.layers.LayerNormalization(
             epsilon=cfg.layer_norm_eps, center=cfg.norm_bias, name="final_norm", **common)
@@ -245,22 +246,6 @@ class ModernBertBackbone(Backbone):
         self.tok_embeddings.build((None, None))
         for layer in (self.embedding_norm, self.final_norm, *self.blocks):
             layer.build(hidden)
-
-    def _masks(self, inputs):
-        """``(global, local)`` bool attention masks, broadcastable to (batch, heads, q, k)."""
-        keys = ops.not_equal(inputs["attention_mask"], 0)  # (batch, seq)
-        segments = inputs.get("segment_ids")
-        if segments is None:
-            full = keys[:, None, None, :]  # (batch, 1, 1, k)
-        else:
-            same = ops.equal(segments[:, :, None], segments[:, None, :])
-            real_keys = ops.logical_and(keys, ops.not_equal(segments, 0))
-            full = ops.logical_and(same, real_keys[:, None, :])
-            full = full[:, None, :, :]  # (batch, 1, q, k)
-        seq = ops.shape(inputs["input_ids"])[1]
-        index = ops.arange(seq, dtype="int32")
-        near = ops.abs(index[:, None] - index[None, :]) <= self.cfg.local_attention // 2
-        return full, ops.logical_and(full, near[None, None, :, :])
 
     def _ropes(self, inputs):
         """``{is_global: (cos, sin)}`` for the layer kinds present."""
@@ -277,11 +262,11 @@ class ModernBertBackbone(Backbone):
         ``ModernBertModel`` gives them."""
         x = self.tok_embeddings(inputs["input_ids"])  # (batch, seq, hidden)
         x = self.embedding_dropout(self.embedding_norm(x), training=training)
-        full, local = self._masks(inputs)
         ropes = self._ropes(inputs)
+        mask, segments = inputs["attention_mask"], inputs.get("segment_ids")
         for i, block in enumerate(self.blocks):
-            kind = is_global(self.cfg, i)
-            x = block(x, ropes[kind], full if kind else local, training=training)
+            x = self.run_block(block, x, ropes[is_global(self.cfg, i)], mask, segments,
+                               training=training)
         return self.final_norm(x)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import keras
 from keras import ops
 
+from tpulm.model.attention import attend
 from tpulm.model.config import ModelConfig
 from tpulm.model.masked_lm import Backbone, ConfigLayer, MaskedLM, MaskedLMHead
 
@@ -84,18 +85,21 @@ class RobertaEmbeddings(ConfigLayer):
 class RobertaBlock(ConfigLayer):
     """One post-LayerNorm transformer block: self-attention, then a GELU feed-forward layer.
 
-    Attention runs through ``keras.ops.dot_product_attention`` (fused kernels where the backend
-    has them). That op has no dropout on the attention probabilities, so while training with
-    ``attention_dropout > 0`` the block computes softmax attention explicitly (as
-    ``keras.layers.MultiHeadAttention`` does); at inference both paths are the same function.
+    Attention runs through :func:`tpulm.model.attention.attend` (global: the backend's fused
+    kernel where one applies under ``attention="auto"``, else ``keras.ops.dot_product_attention``
+    with the padding / document mask); with dropout on the probabilities while training it
+    computes the softmax explicitly (as ``keras.layers.MultiHeadAttention`` does).
 
     Args:
         cfg: the model config (sizes, ``hidden_dropout`` after the attention output and
             feed-forward projections, ``attention_dropout`` on attention probabilities).
+        attention: ``"auto"`` or ``"dense"``.
     """
 
-    def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, cfg: ModelConfig | dict[str, Any], attention: str = "auto",
+                 **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
+        self.attention = attention
         cfg = self.cfg
         self.head_dim = cfg.hidden_size // cfg.num_heads
 
@@ -136,30 +140,29 @@ class RobertaBlock(ConfigLayer):
         return ops.reshape(x, (ops.shape(x)[0], ops.shape(x)[1], self.cfg.num_heads,
                                self.head_dim))
 
-    def _attend(self, x, mask, training):
-        """Multi-head attention; ``mask`` is (batch, 1, 1 or seq, seq) bool, True = attend."""
+    def _attend(self, x, attention_mask, segment_ids, training):
+        """Multi-head attention over the real keys (of the query's own document)."""
         q, k, v = (self._split_heads(layer(x)) for layer in (self.query, self.key, self.value))
-        scale = 1.0 / self.head_dim**0.5
+        dropout = None
         if training and self.cfg.attention_dropout > 0:
-            # (batch, heads, seq_q, seq_k); softmax in float32 as dot_product_attention does.
-            logits = ops.einsum("bqhd,bkhd->bhqk", q, k)
-            logits = ops.cast(logits, "float32") * scale
-            logits = ops.where(mask, logits, ops.cast(-1e9, "float32"))
-            probs = ops.cast(ops.softmax(logits, axis=-1), v.dtype)
-            probs = self.attention_probs_dropout(probs, training=training)
-            context = ops.einsum("bhqk,bkhd->bqhd", probs, v)
-        else:
-            context = ops.dot_product_attention(q, k, v, mask=mask, scale=scale)
+            dropout = lambda probs: self.attention_probs_dropout(  # noqa: E731
+                probs, training=training)
+        context = attend(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
+                         scale=1.0 / self.head_dim**0.5, mode=self.attention,
+                         probs_dropout=dropout)
         # (batch, seq, heads, head_dim) -> (batch, seq, hidden)
         return ops.reshape(context, ops.shape(x))
 
-    def call(self, x, mask, training=None):
-        attended = self.attention_output(self._attend(x, mask, training))
+    def call(self, x, attention_mask, segment_ids=None, training=None):
+        attended = self.attention_output(self._attend(x, attention_mask, segment_ids, training))
         attended = self.attention_output_dropout(attended, training=training)
         x = self.attention_layer_norm(x + attended)
         ffn = self.output_dense(self.intermediate(x))
         ffn = self.output_dropout(ffn, training=training)
         return self.output_layer_norm(x + ffn)
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "attention": self.attention}
 
 
 class RobertaHead(MaskedLMHead):
@@ -184,8 +187,8 @@ class RobertaBackbone(Backbone):
     def __init__(self, cfg: ModelConfig | dict[str, Any], **kwargs: Any) -> None:
         super().__init__(cfg, **kwargs)
         self.embeddings = RobertaEmbeddings(self.cfg, name="embeddings", dtype=self.dtype_policy)
-        self.blocks = [RobertaBlock(self.cfg, name=f"layer_{i}", dtype=self.dtype_policy)
-                       for i in range(self.cfg.num_layers)]
+        self.blocks = [RobertaBlock(self.cfg, attention=self.attention, name=f"layer_{i}",
+                                    dtype=self.dtype_policy) for i in range(self.cfg.num_layers)]
 
     @property
     def token_embedding(self) -> keras.layers.Embedding:
@@ -198,17 +201,10 @@ class RobertaBackbone(Backbone):
 
     def encode(self, inputs, training=None):
         """The last hidden states, (batch, seq, hidden), as Transformers' ``RobertaModel``."""
-        segments = inputs.get("segment_ids")
-        if segments is None:
-            # (batch, 1, 1, seq) bool: every query attends to the real (non-padding) keys only.
-            mask = ops.not_equal(inputs["attention_mask"], 0)[:, None, None, :]
-        else:
-            # (batch, 1, seq, seq) bool, block-diagonal: a token attends to its own document only
-            # (padding, segment 0, attends to padding: finite softmax, outputs unused).
-            mask = ops.equal(segments[:, None, :, None], segments[:, None, None, :])
         x = self.embeddings(inputs["input_ids"], inputs.get("position_ids"), training=training)
+        mask, segments = inputs["attention_mask"], inputs.get("segment_ids")
         for block in self.blocks:
-            x = block(x, mask, training=training)
+            x = self.run_block(block, x, mask, segments, training=training)
         return x
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from tpulm import config
 from tpulm.errors import TpulmError
+from tpulm.model.config import ATTENTION_MODES, REMAT_MODES
 from tpulm.training import backends
 from tpulm.training.distribution import JIT_MODES
 from tpulm.training.process import PRECISIONS
@@ -51,6 +52,15 @@ class TrainConfig:
         False, "select whole words (all their pieces) for prediction, not single pieces")
     document_attention: bool = setting(
         False, "packed documents attend only within themselves, positions restart per document")
+    attention: str = setting(
+        "auto", "attention path: auto (sliding windows in blocks, splash on TPU, cuDNN on GPU) or "
+                "dense (the masked reference); the same function", choices=ATTENTION_MODES)
+    remat: str = setting(
+        "none", "recompute in the backward pass instead of keeping activations: none, block (each "
+                "transformer block), full (blocks and the LM head)", choices=REMAT_MODES)
+    init_from: str | None = setting(
+        None, "start from the weights of a run dir, checkpoint or export folder (fresh optimizer "
+              "and schedule): ModernBERT's context extension at a new --max-length")
     seed: int = setting(0, "seed of initialisation, data order, masks and dropout")
     shuffle_buffer: int = setting(10_000, "records per window of the sample shuffle")
     log_every: int = setting(100, "steps between train lines in metrics.jsonl")

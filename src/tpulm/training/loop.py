@@ -20,7 +20,16 @@ from tpulm import rundir, storage
 from tpulm.config import as_table
 from tpulm.errors import Interrupted, TpulmError
 from tpulm.metrics_log import MetricsLog
-from tpulm.training import checkpoint, flops, inputs, preemption, preflight, setup, strategies
+from tpulm.training import (
+    checkpoint,
+    flops,
+    init_from,
+    inputs,
+    preemption,
+    preflight,
+    setup,
+    strategies,
+)
 from tpulm.training.callbacks import NonFiniteLoss, SegmentEnd, StepMonitor, optimizer_step
 from tpulm.training.config import TrainResult, fit_calls, progress_verbosity, steps_per_execution
 from tpulm.training.hooks import Hooks
@@ -43,6 +52,8 @@ class Trainer:
             cfg, run.model_cfg, run.strategy, run.total_steps)
         with run.strategy.scope():
             state = checkpoint.restore(cfg.run_dir, self.model, self.optimizer, run.writer)
+            if state is None and cfg.init_from:  # a new run from trained weights, at step 0
+                init_from.copy_weights(self.model, cfg.init_from)
         state = state or {"step": 0}  # no checkpoint: a fresh run
         self.start = int(state["step"])
         if run.writer:

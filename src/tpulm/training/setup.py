@@ -13,9 +13,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from tpulm import rundir, storage
 from tpulm.data import tokenizer
 from tpulm.errors import TpulmError
-from tpulm.training import inputs, objective, preflight, process, schedule, strategies, words
+from tpulm.training import (
+    init_from,
+    inputs,
+    objective,
+    preflight,
+    process,
+    schedule,
+    strategies,
+    words,
+)
 from tpulm.training.config import TrainConfig, segment_length
 from tpulm.training.distribution import Strategy
 from tpulm.training.masking import (
@@ -79,7 +89,9 @@ def prepare(cfg: TrainConfig, model_table: dict) -> Prepared:
     tokenizer_dir = preflight.resolve_tokenizer(cfg.run_dir, cfg.tokenizer)
     tok = tokenizer.open_folder(tokenizer_dir)
     vocab = tok.tokenizer.get_vocab_size()
-    model_cfg = preflight.resolve_model(cfg.run_dir, cfg.model, model_table, vocab, tok.special.pad_id)
+    if cfg.init_from:
+        init_from.check_tokenizer(cfg.init_from, tokenizer_dir)
+    model_cfg = _model_config(cfg, model_table, vocab, tok.special.pad_id)
     train_set, eval_set = _open_data(cfg, tok, model_cfg)
     strategy = strategies.make_strategy(strategies.Placement(
         cfg.tpu, cfg.tpu_zone, cfg.gcp_project, mesh=cfg.mesh, model=model_cfg))
@@ -95,6 +107,23 @@ def prepare(cfg: TrainConfig, model_table: dict) -> Prepared:
         tokens_per_step=global_batch * cfg.gradient_accumulation * train_set.max_length,
         segment=min(segment_length(cfg), total_steps),
     )
+
+
+def _model_config(cfg: TrainConfig, model_table: dict, vocab: int, pad_id: int):
+    """The run's ``ModelConfig``: the run dir's, else ``--init-from``'s, else the preset's."""
+    saved = storage.exists(storage.join(cfg.run_dir, rundir.CONFIG_NAME))
+    if saved or not cfg.init_from:
+        return preflight.resolve_model(cfg.run_dir, cfg.model, model_table, vocab, pad_id)
+    if not cfg.train_data:
+        raise TpulmError("no training data: pass --train-data (a shard folder or glob)")
+    length = inputs.open_shards(cfg.train_data).max_length
+    model_cfg = init_from.resolved_config(cfg.init_from, model_table, length)
+    if model_cfg.vocab_size < vocab or model_cfg.pad_token_id != pad_id:
+        raise TpulmError(
+            f"--init-from {cfg.init_from} (vocab_size {model_cfg.vocab_size}, pad_token_id "
+            f"{model_cfg.pad_token_id}) does not fit the tokenizer (vocab {vocab}, pad {pad_id}): "
+            "use the tokenizer that model was trained with")
+    return model_cfg
 
 
 def _open_data(cfg: TrainConfig, tok, model_cfg):
@@ -179,7 +208,7 @@ def build_for_training(cfg: TrainConfig, model_cfg, strategy: Strategy, total_st
 
     keras.utils.set_random_seed(cfg.seed)
     with strategy.scope():
-        model = build_model(model_cfg)
+        model = build_model(model_cfg, attention=cfg.attention, remat=cfg.remat)
         lr = schedule.LinearWarmupDecay(
             cfg.learning_rate, schedule.warmup_steps(cfg.warmup, total_steps), total_steps,
             cfg.gradient_accumulation,
