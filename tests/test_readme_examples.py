@@ -130,3 +130,45 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     for answer in answers:  # a word, and the "." follows it with no space piece between
         assert answer["token_str"].strip(), answer
         assert answer["sequence"].endswith(answer["token_str"].strip() + "."), answer
+
+
+# `tpulm run` at a tiny budget: no downstream stage, no report.
+RUN_TINY = ["--set", "tokenizer.vocab_size=1000", "--set", "data.max_length=64",
+            "--set", "data.shard_size=500", "--set", "train.max_steps=4",
+            "--set", "train.batch_size=8", "--set", "train.log_every=2",
+            "--set", "train.eval_every=4", "--set", "train.checkpoint_every=4",
+            "--set", "train.shuffle_buffer=64", "--set", "evaluate.tasks=[]",
+            "--set", "run.report=false"]
+
+
+def test_run_with_a_bpe_tokenizer_answers_its_prompts_to_the_end(tmp_path, wikitext_dir, capsys):
+    """The README offers `--model bpe`: the whole run completes, its prompt (written with
+    {mask}, as the built-in corpus' prompts are) answered with BPE's own `<mask>`, and its export
+    is the demo's ModernBERT, whose card says so."""
+    from tpulm import cli
+    from tpulm.data import builtin_corpus
+
+    lines = [ln for ln in (wikitext_dir / "valid.txt").read_text(encoding="utf-8").splitlines()
+             if ln.strip()]
+    for name, part in (("train.txt", lines[:600]), ("valid.txt", lines[600:700])):
+        (tmp_path / name).write_text("\n".join(part) + "\n", encoding="utf-8")
+    prompt = "The game was released in {mask} ."
+    argv = ["run", "--work-dir", str(tmp_path / "w"), "--set", 'tokenizer.model="bpe"',
+            "--set", 'run.corpus="files"', "--set", f'run.train_files=["{tmp_path / "train.txt"}"]',
+            "--set", f'run.validation_files=["{tmp_path / "valid.txt"}"]',
+            "--set", f'run.fill_mask=["{prompt}"]', *RUN_TINY]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "The game was released in <mask> .\n  0." in out and "[MASK]" not in out
+    assert all("{mask}" in p for p, _ in builtin_corpus.FILL_MASK_PROMPTS)
+    export = tmp_path / "w" / "run" / "export"
+    assert json.loads((export / "config.json").read_text())["architectures"] == [
+        "ModernBertForMaskedLM"]
+    card = (export / "README.md").read_text()
+    for fact in ("A ModernBERT masked language model", "\n- modernbert\n", "`<mask>`",
+                 "30% of the tokens selected", "document attention", ": on", "BPE tokenizer",
+                 'fill_mask("The capital of France is <mask>.")'):
+        assert fact in card, fact
+    assert "Roberta" not in card and "RoBERTa" not in card
+    assert cli.main(argv) == 0  # the rerun: every stage complete, the prompt answered again
+    assert "The game was released in <mask> ." in capsys.readouterr().out

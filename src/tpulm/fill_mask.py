@@ -16,12 +16,10 @@ from typing import Any
 import numpy as np
 
 from tpulm import config, storage, trained_model
-from tpulm.data.tokenizer import open_folder
+from tpulm.data.tokenizer import MASK_PLACEHOLDER, open_folder
 from tpulm.errors import TpulmError
 
 BATCH_SIZE = 32
-# Written in prompts where the tokenizer's own mask token goes (Unigram/WordPiece [MASK], BPE <mask>).
-MASK_PLACEHOLDER = "{mask}"
 # Transformers' ``clean_up_tokenization`` (applied when tokenizer_config.json asks for it).
 _CLEANUPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
              (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))

@@ -93,5 +93,5 @@ def _closing_lines(result) -> str:
     if result.stages.get("evaluate") is not None:
         lines.append(format_table(result.stages["evaluate"].tasks))
     lines += [fill_mask.format_result(text, answer)
-              for text, answer in zip(result.plan.prompts, result.answers)]
+              for text, answer in zip(result.prompts, result.answers)]
     return "\n".join([*lines, stages.outputs_summary(result.plan)])
