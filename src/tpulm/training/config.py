@@ -105,6 +105,16 @@ class TrainConfig:
         config.check_at_least(self, 0, "seed")
 
 
+# Settings a run can change when it continues without changing what it trains on or how: the
+# length, logging, placement and where things are. A change of any other one is named when a
+# run continues (its steps so far were trained with the recorded value).
+BOOKKEEPING = frozenset({
+    "train_data", "eval_data", "tokenizer", "run_dir", "model", "epochs", "max_steps",
+    "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "progress", "jit_compile",
+    "steps_per_execution", "peak_tflops", "push_to_hub", "backend", "mesh", "tpu", "tpu_zone",
+    "gcp_project", "deterministic"})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
     """What a training run did.
