@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tpulm import quiet
 from tpulm.cli import _quiet
 from tpulm.training.callbacks import progress_line
 
@@ -23,6 +24,7 @@ KEPT = ["E0000 00:00:1796017595.370054   29776 file_system.cc:9] could not open 
 
 CHILD = """
 import os, sys
+from tpulm import quiet
 from tpulm.cli import _quiet
 _quiet.StderrFilter.install()
 for line in sys.argv[1:]:
@@ -39,7 +41,24 @@ def test_native_start_up_noise_is_dropped_and_everything_else_kept():
     # Python's own stderr bypasses the pipe, so only the set of lines is fixed, not their order.
     assert sorted(done.stderr.splitlines()) == sorted(["python stderr", *KEPT])
     for line in NATIVE_NOISE:
-        assert _quiet.NOISE.match(line)
+        assert quiet.NOISE.match(line)
+
+
+SCOPED = """
+import os, sys
+from tpulm import quiet
+with quiet.while_native_start():  # as training.run while TensorFlow starts
+    for line in sys.argv[1:]:
+        os.write(2, (line + "\\n").encode())
+os.write(2, b"after the block: " + sys.argv[1].encode() + b"\\n")
+"""
+
+
+def test_the_python_api_filters_fd_2_only_while_tensorflow_starts():
+    done = subprocess.run([sys.executable, "-c", SCOPED, *NATIVE_NOISE, *KEPT],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [*KEPT, f"after the block: {NATIVE_NOISE[0]}"]
 
 
 def test_the_real_command_line_filters_and_verbose_does_not():

@@ -12,6 +12,7 @@ of TensorFlow/JAX on a CPU machine.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -23,7 +24,8 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 TINY = {
     ("tokenizer", "train"): [],  # 32000 asked for: the small corpus supports fewer, and says so
     ("data", "prepare"): ["--max-length", "64", "--shard-size", "100"],
-    ("train",): ["--model", "tiny", "--max-steps", "4", "--batch-size", "8", "--eval-every", "2",
+    # (the laptop example's model stays: modernbert-tiny is tiny already)
+    ("train",): ["--max-steps", "4", "--batch-size", "8", "--eval-every", "2",
                  "--checkpoint-every", "2", "--log-every", "2", "--shuffle-buffer", "64",
                  "--epochs", "1"],
     ("export",): [],
@@ -51,9 +53,10 @@ def readme_commands() -> list[str]:
     return commands
 
 
-def readme_python() -> str:
+def readme_python(marker: str = "fill-mask") -> str:
+    """The README's Python block holding ``marker``."""
     text = README.read_text(encoding="utf-8")
-    return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "fill-mask" in b)
+    return next(b for b in re.findall(r"```python\n(.*?)```", text, re.S) if marker in b)
 
 
 def argv_of(command: str) -> list[str]:
@@ -127,9 +130,38 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     assert "Epoch " not in out and "step 4/4 (100%)  loss " in out  # one line over the run
     answers = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(answers) == 5
+    check_modernbert_card(tmp_path / "runs" / "tiny" / "export" / "README.md")
+    check_python_on_the_finished_run(tmp_path)
     for answer in answers:  # a word, and the "." follows it with no space piece between
         assert answer["token_str"].strip(), answer
         assert answer["sequence"].endswith(answer["token_str"].strip() + "."), answer
+
+
+def check_modernbert_card(card_path: Path) -> None:
+    """The laptop example's export (a ModernBERT) has a card that says what it is."""
+    card = card_path.read_text(encoding="utf-8")
+    for fact in ("A ModernBERT masked language model", "| architecture | `ModernBertForMaskedLM` |",
+                 "\n- modernbert\n", "30% of the tokens selected", "peak learning rate: 0.002",
+                 "no ModernBERT converter"):
+        assert fact in card, fact
+    assert "Roberta" not in card and "RoBERTa" not in card
+
+
+def check_python_on_the_finished_run(work: Path) -> None:
+    """The README's training snippet, in a fresh Python, on the run the laptop example finished
+    (4 steps here: the snippet's 200 shrunk to 2, still fewer): it says the run is complete,
+    returns it as it is, writes nothing, and shows no native start-up line."""
+    python = readme_python("from tpulm.training import").replace("max_steps=200", "max_steps=2")
+    run_dir = work / "runs" / "tiny"
+    files = {p: p.read_bytes() for p in (run_dir / "config.toml", run_dir / "metrics.jsonl")}
+    done = subprocess.run([sys.executable, "-c", python], cwd=work, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"})
+    assert done.returncode == 0, done.stderr
+    assert "run runs/tiny is complete at step 4 (of 2)" in done.stderr  # through `logging`
+    step, evaluation = done.stdout.split(" ", 2)[:2]
+    assert step == "4" and evaluation.startswith("{'loss'"), done.stdout
+    assert {p: p.read_bytes() for p in files} == files
+    assert not [ln for ln in done.stderr.splitlines() if any(n in ln for n in NOISE)], done.stderr
 
 
 # `tpulm run` at a tiny budget: no downstream stage, no report.

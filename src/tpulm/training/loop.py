@@ -298,6 +298,8 @@ class Trainer:
             tokens_per_second=tps, mfu=achieved / peak if peak else 0.0, peak_flops=peak,
             eval=self.last_eval, checkpoint=latest[1] if latest else None,
         )
+        if not steps:  # a finished run: "is complete at step N" said it all
+            return result
         log.info(
             "done: step %d (%d this session), %d tokens, %.1f s, %.0f tokens/s, MFU %.1f%% "
             "of %.1f GFLOP/s%s", result.step, steps, result.tokens, result.wall_time, tps,
