@@ -134,3 +134,17 @@ def test_only_the_cli_prints():
                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"]
     assert not printing, printing
+
+
+def test_a_set_typo_is_named_as_a_set_and_a_file_typo_as_the_file(tmp_path, capsys):
+    from tpulm.cli import main
+
+    work = ["--work-dir", str(tmp_path / "w")]
+    assert main(["run", *work, "--set", "train.batch_sizee=3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown setting(s) batch_sizee in [train] of --set (over " in err, err
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[train]\nbatch_sizee = 3\n")
+    assert main(["run", "--config", str(mine), *work, "--set", "train.max_steps=5"]) == 2
+    assert f"batch_sizee in [train] of {mine};" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()  # refused before any stage ran

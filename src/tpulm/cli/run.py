@@ -75,9 +75,14 @@ def _run(args: argparse.Namespace) -> int:
         assignments.append(f"run.work_dir={json.dumps(args.work_dir)}")
     if args.dataset:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
-    tables = config.apply_overrides(config.load_toml(path), assignments)
+    written = config.load_toml(path)
+    tables = config.apply_overrides(written, assignments)
+    where = path
+    if args.assignments:  # the file checked alone first: what fails after is a --set's fault
+        pipeline.plan(written, path)
+        where = f"--set (over {path})"
     activate_backend(tables.get("train", {}).get("backend"))  # before any stage imports Keras
-    result = pipeline.run(tables, path, restart=args.restart, overwrite=args.overwrite)
+    result = pipeline.run(tables, where, restart=args.restart, overwrite=args.overwrite)
     print(_closing_lines(result), flush=True)
     return 0
 
