@@ -15,7 +15,7 @@ from support.training import (
     write_shards,
 )
 
-from tpulm import config, rundir
+from tpulm import config, report, rundir
 from tpulm.cli import main
 from tpulm.data import shards, tokenizer
 from tpulm.errors import TpulmError
@@ -262,6 +262,8 @@ def test_an_existing_run_says_complete_or_continues_as_recorded(tmp_path, corpus
                  tokenizer=str(corpus["tokenizer"]), run_dir=str(run_dir), log_every=2,
                  eval_every=4, checkpoint_every=4)
     first = run(TrainConfig(**QUICK, **paths, max_steps=4))
+    # The summary's tokens/s is the report's mean, to the bit (one session).
+    assert report.summarize(_metrics(run_dir)).tokens_per_second == first.tokens_per_second
     files = {name: (run_dir / name).read_text() for name in (rundir.CONFIG_NAME, rundir.METRICS_NAME)}
     shorter = run(TrainConfig(**{**QUICK, "batch_size": 16}, **paths, max_steps=2))
     assert (shorter.step, shorter.steps_this_session, shorter.tokens) == (4, 0, 4 * 8 * 32)

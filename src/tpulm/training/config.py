@@ -125,8 +125,9 @@ class TrainResult:
         steps_this_session: steps done by this call.
         tokens: token positions trained on in total (batch x sequence length x steps).
         wall_time: seconds this call took.
-        tokens_per_second: training throughput of this call, evaluation and saving excluded,
-            measured after the first segment (compilation) when there are several.
+        tokens_per_second: training throughput of this call, evaluation and saving excluded:
+            the mean of its train lines' tokens/s after the first (which includes the
+            compilation), the figure ``tpulm report`` shows for a run of one call.
         mfu: model FLOPs utilisation estimate, against ``peak_flops``.
         peak_flops: the peak used for ``mfu`` (FLOP/s, all replicas).
         eval: last evaluation (``loss``, ``accuracy``, ``perplexity``), or None.

@@ -67,6 +67,7 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.eval_ds = None  # made by the first fit call, or on demand by a final-only evaluation
         self.marks: list[tuple[float, int]] = []  # (training clock, step) at each segment end
+        self.rates: list[float] = []  # tokens/s of each train line of this session
         self.overhead = 0.0  # seconds spent in hooks (evaluations, saves), off the training clock
 
     def _schedule(self) -> Hooks:
@@ -189,6 +190,7 @@ class Trainer:
             "learning_rate": self.lr.at(step - 1),
             "tokens_per_second": self.monitor.tokens_per_second,
         })
+        self.rates.append(self.monitor.tokens_per_second)
 
     def _evaluate(self, step: int, logs: dict | None = None,
                   record: bool = True) -> dict[str, float]:
@@ -273,7 +275,11 @@ class Trainer:
         )
 
     def _tokens_per_second(self, fit_started: float) -> float:
-        """Steady throughput: after the first segment (which includes compilation) if possible."""
+        """Steady throughput: the mean of this session's train lines after the first (which
+        includes compilation), as ``tpulm report`` reads them back, so both say one number."""
+        if self.rates:
+            steady = self.rates[1:] or self.rates
+            return sum(steady) / len(steady)
         marks = [m for m in self.marks if m[1] > self.start]
         if len(marks) >= 2:
             (t0, s0), (t1, s1) = marks[0], marks[-1]
