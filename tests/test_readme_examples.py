@@ -204,3 +204,47 @@ def test_run_with_a_bpe_tokenizer_answers_its_prompts_to_the_end(tmp_path, wikit
     assert "Roberta" not in card and "RoBERTa" not in card
     assert cli.main(argv) == 0  # the rerun: every stage complete, the prompt answered again
     assert "The game was released in <mask> ." in capsys.readouterr().out
+
+
+def readme_between(start: str, end: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    i = text.index(start)
+    return text[i: text.index(end, i)]
+
+
+def help_text(capsys, *argv: str) -> str:
+    """What ``tpulm ARGV --help`` prints, on one line (the test sets a wide COLUMNS)."""
+    import pytest
+
+    from tpulm import cli
+
+    with pytest.raises(SystemExit):
+        cli.main([*argv, "--help"])
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_each_help_lists_the_readmes_presets_tables_and_choices(capsys, monkeypatch):
+    """The README's lists (presets, root-config tables, tokenizer models, export classes) are
+    the code's, and each command's --help names them all."""
+    from tpulm import config
+    from tpulm.data.tokenizer import MODELS
+    from tpulm.model.config import PRESETS
+
+    monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps (and splits names at "-") to fit
+    presets = re.findall(r"`([\w-]+)`", readme_between("Shipped presets:", "Everything lands"))
+    assert presets == ["demo", "reference", *PRESETS]
+    tables = re.findall(r"`\[(\w+)\]`", readme_between("A root config has the tables", "each table"))
+    assert tables == list(config.TABLES)
+    families = readme_between("1. `tpulm tokenizer train`", "\n")
+    assert [m in families.lower() for m in MODELS] == [True] * len(MODELS)
+    classes = ("`RobertaForMaskedLM`", "`ModernBertForMaskedLM`")
+    assert all(c in readme_between("## 4. Export", "```bash") for c in classes)
+    for argv in ([], ["train"], ["run"]):
+        shown = help_text(capsys, *argv)
+        assert all(p in shown for p in PRESETS), (argv, shown)
+    run_help = help_text(capsys, "run")
+    assert all(f"[{t}]" in run_help for t in tables) and "reference" in run_help
+    assert "{" + ",".join(MODELS) + "}" in help_text(capsys, "tokenizer", "train")
+    for command in (["export"], ["import"], []):
+        shown = help_text(capsys, *command)
+        assert all(c.strip("`") in shown for c in classes), (command, shown)
