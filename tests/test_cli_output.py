@@ -148,3 +148,20 @@ def test_a_set_typo_is_named_as_a_set_and_a_file_typo_as_the_file(tmp_path, caps
     assert main(["run", "--config", str(mine), *work, "--set", "train.max_steps=5"]) == 2
     assert f"batch_sizee in [train] of {mine};" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()  # refused before any stage ran
+
+
+HUB_WARNING = """
+import logging
+from tpulm import cli
+cli.quiet_libraries(False)  # as cli.main, before logging.basicConfig
+logging.basicConfig(level=logging.INFO)
+import huggingface_hub  # its own stderr handler, as the Hub client sets it up
+logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+"""
+
+
+def test_a_hub_warning_shows_once():
+    done = subprocess.run([sys.executable, "-c", HUB_WARNING], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Retrying in 1s [Retry 1/5].") == 1, done.stderr

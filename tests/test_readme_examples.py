@@ -115,6 +115,8 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     runnable = [argv_of(c) for c in readme_commands() if not any(x in c for x in NOT_HERE)]
     train = next(a for a in runnable if a[0] == "train")
     runnable.insert(runnable.index(train) + 1, train)  # the README: "rerun the same command"
+    prepare = next(a for a in runnable if a[:2] == ["data", "prepare"])
+    runnable.insert(runnable.index(prepare) + 1, prepare)  # "Interrupted? Run the same command"
     python = readme_python().replace("RUN_DIR", PLACEHOLDERS["RUN_DIR"])
     done = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps([runnable, python]),
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -122,9 +124,11 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     assert done.returncode == 0, out
     exits = re.findall(r"=== exit (\d+)", done.stdout)
     assert exits == ["0"] * len(runnable), out
-    assert len(runnable) >= 8  # tokenizer, prepare, inspect, train twice, export x2, fill-mask x2
+    assert len(runnable) >= 9  # tokenizer, prepare twice, inspect, train twice, export x2, fill-mask x2
     assert "asked for a vocabulary of 32000, got" in out  # the tiny corpus holds fewer tokens
     assert "runs/tiny is complete at step 4" in out  # the rerun of a finished run
+    skipped = [ln for ln in done.stdout.splitlines() if ": already complete -> " in ln]
+    assert len(skipped) == 2 and not [ln for ln in skipped if "tokens/s" in ln], skipped
     assert "\n\n\n" not in done.stdout
     assert not [ln for ln in done.stderr.splitlines() if any(n in ln for n in NOISE)], done.stderr
     assert "Epoch " not in out and "step 4/4 (100%)  loss " in out  # one line over the run

@@ -53,6 +53,10 @@ def quiet_libraries(verbose: bool) -> None:
     cuInit`` on machines without a GPU, ``Unable to initialize backend 'tpu'``) off the screen;
     ``--verbose`` shows it. Must run before TensorFlow or JAX is imported."""
     quiet.show_all = verbose  # the scoped filter of the Python API too
+    # 🤗 Hub and datasets print through a stderr handler of their own: propagated to the root
+    # logger as well, each of their warnings (e.g. a Hub retry) would show twice.
+    for name in ("huggingface_hub", "datasets"):
+        logging.getLogger(name).propagate = False
     if verbose:
         return
     # 3 also hides C++ ERROR lines: on a CPU machine those are only the probes for absent
