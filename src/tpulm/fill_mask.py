@@ -3,9 +3,10 @@
 A model is a run dir (latest checkpoint, or ``step``), one checkpoint folder of a run dir, or an
 exported Transformers folder. Texts hold the tokenizer's mask token (``[MASK]``, ``<mask>``) or
 the placeholder ``{mask}``, which becomes it: prompts written once (the built-in corpus', a run
-config's) then answer with every tokenizer family. Results have the pipeline's shape and fields: for a text with one
-mask a list of ``{"score", "token", "token_str", "sequence"}``, with several masks one such list
-per mask (each filled on its own, the other masks left in ``sequence``, as the pipeline does).
+config's) then answer with every tokenizer family. Results have the pipeline's shape and fields:
+for a text with one mask a list of ``{"score", "token", "token_str", "sequence"}``, with several
+masks one such list per mask (each filled on its own, the other masks left in ``sequence``, as the
+pipeline does).
 """
 
 from __future__ import annotations
