@@ -1,4 +1,4 @@
-"""Where the benchmarks' text comes from, so that they run from a fresh clone with nothing beside it.
+"""Where the benchmarks' text comes from: they run from a fresh clone with nothing beside it.
 
 WikiText-2's validation and test splits: from ``../shared/data/wikitext-2`` beside the repository
 where a machine provides it (larger data may appear there), else the copy kept in the repository
@@ -17,7 +17,8 @@ IN_REPO = REPO / "tests" / "data" / "wikitext-2"
 
 def wikitext_dir() -> Path:
     """The WikiText-2 folder to read (``valid.txt`` and ``test.txt``), announced on stdout."""
-    found = SHARED if (SHARED / "valid.txt").exists() and (SHARED / "test.txt").exists() else IN_REPO
+    shared = (SHARED / "valid.txt").exists() and (SHARED / "test.txt").exists()
+    found = SHARED if shared else IN_REPO
     where = "../shared/data" if found == SHARED else "the repository's test data"
     print(f"corpus: WikiText-2 valid + test from {where} ({found})", flush=True)
     return found

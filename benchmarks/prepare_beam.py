@@ -2,7 +2,8 @@
 
 The corpus is WikiText-2 (valid + test: ../shared/data/wikitext-2 where present, else the
 repository's tests/data/wikitext-2, see bench_data.py), or with ``--builtin`` the built-in corpus
-(``tpulm.data.builtin_corpus``, Python's own docstrings); the script says which. The text is split into ``--files`` files of about ``--mb`` MB in total (Beam spreads work per file). Both
+(``tpulm.data.builtin_corpus``, Python's own docstrings); the script says which. The text is
+split into ``--files`` files of about ``--mb`` MB in total (Beam spreads work per file). Both
 paths write the same shards (checked each round, byte for byte); rounds alternate local and Beam
 (the machine is shared), and the median wall time gives tokens/s. The machine's load average is
 printed before and after. Usage: ``.venv/bin/python benchmarks/prepare_beam.py [--mb 10] [--rounds 3]``.

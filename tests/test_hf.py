@@ -202,7 +202,8 @@ def test_import_overwrite_of_a_trained_run_says_it_drops_its_checkpoints(hf_dir,
 def _exported_form(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """``state`` bit for bit but for the export's one rewrite: the token-type row (non-zero
     here, as tpulm trains it) folded into the positions (see tpulm.hf.roberta.canonical_state)."""
-    types, positions = (f"roberta.embeddings.{t}_embeddings.weight" for t in ("token_type", "position"))
+    types, positions = (f"roberta.embeddings.{t}_embeddings.weight"
+                        for t in ("token_type", "position"))
     assert state[types].any()
     return {**state, types: np.zeros_like(state[types]),
             positions: state[positions] + state[types][0]}
@@ -345,8 +346,8 @@ def _hidden_states(folder, batch) -> tuple[np.ndarray, np.ndarray]:
     got = keras.ops.convert_to_numpy(backbone({"token_ids": batch["input_ids"],
                                                "padding_mask": batch["attention_mask"]}))
     with torch.no_grad():
-        out = _torch_from(folder)(**{k: torch.from_numpy(v.astype("int64")) for k, v in batch.items()},
-                                  output_hidden_states=True)
+        tensors = {k: torch.from_numpy(v.astype("int64")) for k, v in batch.items()}
+        out = _torch_from(folder)(**tensors, output_hidden_states=True)
     return got, out.hidden_states[-1].numpy()
 
 

@@ -124,7 +124,7 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     assert done.returncode == 0, out
     exits = re.findall(r"=== exit (\d+)", done.stdout)
     assert exits == ["0"] * len(runnable), out
-    assert len(runnable) >= 9  # tokenizer, prepare twice, inspect, train twice, export x2, fill-mask x2
+    assert len(runnable) >= 9  # tokenizer, prepare x2, inspect, train x2, export x2, fill-mask x2
     assert "asked for a vocabulary of 32000, got" in out  # the tiny corpus holds fewer tokens
     assert "runs/tiny is complete at step 4" in out  # the rerun of a finished run
     skipped = [ln for ln in done.stdout.splitlines() if ": already complete -> " in ln]
@@ -237,7 +237,8 @@ def test_each_help_lists_the_readmes_presets_tables_and_choices(capsys, monkeypa
     monkeypatch.setenv("COLUMNS", "10000")  # argparse wraps (and splits names at "-") to fit
     presets = re.findall(r"`([\w-]+)`", readme_between("Shipped presets:", "Everything lands"))
     assert presets == ["demo", "reference", *PRESETS]
-    tables = re.findall(r"`\[(\w+)\]`", readme_between("A root config has the tables", "each table"))
+    listed = readme_between("A root config has the tables", "each table")
+    tables = re.findall(r"`\[(\w+)\]`", listed)
     assert tables == list(config.TABLES)
     families = readme_between("1. `tpulm tokenizer train`", "\n")
     assert [m in families.lower() for m in MODELS] == [True] * len(MODELS)

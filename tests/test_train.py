@@ -264,7 +264,8 @@ def test_an_existing_run_says_complete_or_continues_as_recorded(tmp_path, corpus
     first = run(TrainConfig(**QUICK, **paths, max_steps=4))
     # The summary's tokens/s is the report's mean, to the bit (one session).
     assert report.summarize(_metrics(run_dir)).tokens_per_second == first.tokens_per_second
-    files = {name: (run_dir / name).read_text() for name in (rundir.CONFIG_NAME, rundir.METRICS_NAME)}
+    files = {name: (run_dir / name).read_text()
+             for name in (rundir.CONFIG_NAME, rundir.METRICS_NAME)}
     shorter = run(TrainConfig(**{**QUICK, "batch_size": 16}, **paths, max_steps=2))
     assert (shorter.step, shorter.steps_this_session, shorter.tokens) == (4, 0, 4 * 8 * 32)
     assert shorter.eval == first.eval  # as recorded: no second evaluation, no line appended

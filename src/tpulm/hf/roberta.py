@@ -106,7 +106,8 @@ def canonical_state(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str,
     """
     if cfg.type_vocab_size != 1:
         return state
-    types, positions = (f"roberta.embeddings.{t}_embeddings.weight" for t in ("token_type", "position"))
+    types, positions = (f"roberta.embeddings.{t}_embeddings.weight"
+                        for t in ("token_type", "position"))
     folded = dict(state)
     folded[positions] = np.ascontiguousarray(state[positions] + state[types][0])
     folded[types] = np.zeros_like(state[types])
