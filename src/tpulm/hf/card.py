@@ -37,9 +37,9 @@ def keras_hub_note(hf_cfg: dict[str, Any]) -> str:
             f"assumes RoBERTa's pad id {KERAS_HUB_ROBERTA_PAD_ID} (positions from row "
             f"{KERAS_HUB_ROBERTA_PAD_ID + 1} of the position table), while this tokenizer's pad "
             f"id is {pad} (positions from row {pad + 1}, as Transformers computes them from "
-            f"`pad_token_id`): its hidden states differ. Use Transformers or tpulm, or in "
-            f"keras-hub assign rows {pad + 1}: of `roberta.embeddings.position_embeddings.weight` "
-            "to the backbone's position embedding.")
+            f"`pad_token_id`): its hidden states differ from Transformers'. Load this folder "
+            "with Transformers or tpulm; a tokenizer whose pad id is 1 (tpulm's byte-level BPE) "
+            "gives exports keras-hub reads the same.")
 
 
 def _size_rows(hf_cfg: dict[str, Any], parameters: int) -> list[tuple[str, str]]:
