@@ -119,7 +119,7 @@ def test_readme_examples_run_as_written(tmp_path, wikitext_dir):
     runnable.insert(runnable.index(prepare) + 1, prepare)  # "Interrupted? Run the same command"
     python = readme_python().replace("RUN_DIR", PLACEHOLDERS["RUN_DIR"])
     done = subprocess.run([sys.executable, "-c", DRIVER], input=json.dumps([runnable, python]),
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
     out = done.stdout + done.stderr
     assert done.returncode == 0, out
     exits = re.findall(r"=== exit (\d+)", done.stdout)
