@@ -11,7 +11,7 @@ import os
 import sys
 import threading
 
-from tpulm.quiet import copy_filtered
+from tpulm.quiet import NOISE, copy_filtered  # noqa: F401  (NOISE: read here by tests too)
 
 
 class StderrFilter:
