@@ -4,7 +4,7 @@ Same config, same weights, same batches, measured side by side in one run (the m
 the Keras model XLA-compiled on TensorFlow, once with the LM head on every position and once on
 15% gathered positions (what training does), and PyTorch eager (full head).
 
-    PYTHONPATH=src python benchmarks/bench_model_forward.py [--layers 4 --hidden 256 ...]
+    .venv/bin/python benchmarks/bench_model_forward.py [--layers 4 --hidden 256 ...]
 """
 
 from __future__ import annotations

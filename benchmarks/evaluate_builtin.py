@@ -8,7 +8,7 @@
 
 Usage (the model: a run dir with an ``export/`` folder, e.g. the demo's ``tpulm-demo/run``)::
 
-    python benchmarks/evaluate_builtin.py --model tpulm-demo/run [--seeds 3] [--rounds 5]
+    .venv/bin/python benchmarks/evaluate_builtin.py --model tpulm-demo/run [--seeds 3] [--rounds 5]
 
 Needs the ``hf`` extra (torch, transformers) for part 2. Offline: no download.
 """

@@ -11,7 +11,7 @@ tpulm does). tpulm runs with its defaults (``--jit-compile auto``). The three al
 the median tokens/s of each, the ratios of medians (target >= 1.5x) and the load average. With
 ``--bf16`` all run in bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``).
 
-    PYTHONPATH=src python benchmarks/modernbert_throughput.py [--rounds 3] [--steps 20] [--bf16]
+    .venv/bin/python benchmarks/modernbert_throughput.py [--rounds 3] [--steps 20] [--bf16]
 """
 
 from __future__ import annotations

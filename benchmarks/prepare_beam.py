@@ -1,11 +1,12 @@
 """`tpulm data prepare` on Apache Beam's DirectRunner versus the single-machine path, tokens/s.
 
-The corpus is WikiText-2 (valid + test from ../shared/data/wikitext-2) when present, else the
-built-in corpus (``tpulm.data.builtin_corpus``, Python's own docstrings); the script says which. The text
-is split into ``--files`` files of about ``--mb`` MB in total (Beam spreads work per file). Both
+The corpus is WikiText-2 (valid + test: ../shared/data/wikitext-2 where present, else the
+repository's tests/data/wikitext-2, see bench_data.py), or with ``--builtin`` the built-in corpus
+(``tpulm.data.builtin_corpus``, Python's own docstrings); the script says which. The text is
+split into ``--files`` files of about ``--mb`` MB in total (Beam spreads work per file). Both
 paths write the same shards (checked each round, byte for byte); rounds alternate local and Beam
 (the machine is shared), and the median wall time gives tokens/s. The machine's load average is
-printed before and after. Usage: ``python benchmarks/prepare_beam.py [--mb 10] [--rounds 3]``.
+printed before and after. Usage: ``.venv/bin/python benchmarks/prepare_beam.py [--mb 10] [--rounds 3]``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+import bench_data  # noqa: E402
 
 from tpulm import storage
 from tpulm.data import builtin_corpus, prepare, shards, tokenizer
@@ -32,11 +33,13 @@ from tpulm.data import builtin_corpus, prepare, shards, tokenizer
 MAX_LENGTH, SHARD_SIZE, BATCH = 128, 1000, 1000
 
 
-def corpus_text() -> tuple[str, str]:
+def corpus_text(builtin: bool) -> tuple[str, str]:
     """(name, text) of the benchmark corpus."""
-    if (WIKITEXT / "valid.txt").exists():
-        text = (WIKITEXT / "valid.txt").read_text(encoding="utf-8") + (WIKITEXT / "test.txt").read_text(encoding="utf-8")
-        return f"WikiText-2 valid+test ({WIKITEXT})", text
+    if not builtin:
+        wikitext = bench_data.wikitext_dir()
+        text = "".join((wikitext / f"{split}.txt").read_text(encoding="utf-8")
+                       for split in ("valid", "test"))
+        return f"WikiText-2 valid+test ({wikitext})", text
     return "the built-in corpus (tpulm.data.builtin_corpus)", "".join(f"{line}\n" for line in builtin_corpus.demo_lines())
 
 
@@ -75,12 +78,14 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8, help="files the corpus is split into")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--builtin", action="store_true",
+                        help="the built-in corpus instead of WikiText-2")
     args = parser.parse_args()
     import apache_beam  # noqa: F401  - imported once up front, not timed
     import tensorflow  # noqa: F401
 
     print(f"load average (1/5/15 min) before: {load()}; {os.cpu_count()} cores")
-    name, text = corpus_text()
+    name, text = corpus_text(args.builtin)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         files = write_files(tmp, text, args.mb, args.files)

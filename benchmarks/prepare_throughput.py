@@ -1,6 +1,7 @@
 """Throughput and memory of `tpulm data prepare` versus bare tokenization and the reference recipe.
 
-On WikiText-2 (valid + test from ../shared/data/wikitext-2) repeated to about 20 MB, in one run:
+On WikiText-2 (valid + test; ../shared/data/wikitext-2 where present, else the repository's
+tests/data/wikitext-2, see bench_data.py) repeated to about 20 MB, in one run:
 
 * bare ``tokenizers.Tokenizer.encode_batch`` over the same (non-empty) lines, batches of 1000
   (and ``encode_batch_fast``, which tpulm uses, for reference);
@@ -11,7 +12,7 @@ On WikiText-2 (valid + test from ../shared/data/wikitext-2) repeated to about 20
 
 Bare and tpulm runs alternate ``--repeats`` times (the machine is shared and noisy); the best
 wall time of each gives tokens/s (median shown too), and CPU seconds (user + system, all threads)
-give a load-insensitive cost ratio. Usage: ``python benchmarks/prepare_throughput.py [--mb 20] [--vocab-size 32000]``.
+give a load-insensitive cost ratio. Usage: ``.venv/bin/python benchmarks/prepare_throughput.py [--mb 20] [--vocab-size 32000]``.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+import bench_data  # noqa: E402
 
 from tpulm.data import prepare, tokenizer  # noqa: E402
 
 MAX_LENGTH, SHARD_SIZE, BATCH = 128, 1000, 1000
 
 
-def make_corpus(folder: Path, megabytes: float, name: str) -> Path:
-    text = (WIKITEXT / "valid.txt").read_text(encoding="utf-8") + (WIKITEXT / "test.txt").read_text(encoding="utf-8")
+def make_corpus(folder: Path, megabytes: float, name: str, wikitext: Path) -> Path:
+    text = (wikitext / "valid.txt").read_text(encoding="utf-8") + (wikitext / "test.txt").read_text(encoding="utf-8")
     copies = max(1, round(megabytes * 1e6 / len(text.encode("utf-8"))))
     path = folder / name
     path.write_text(text * copies, encoding="utf-8")
@@ -134,12 +135,13 @@ def main() -> None:
     args = parser.parse_args()
     import tensorflow  # noqa: F401  - imported once up front, not timed
 
+    wikitext = bench_data.wikitext_dir()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        corpus = make_corpus(tmp, args.mb, "corpus.txt")
+        corpus = make_corpus(tmp, args.mb, "corpus.txt", wikitext)
         tok_dir = str(tmp / "tok")
         trained = tokenizer.run(tokenizer.TokenizerConfig(
-            inputs=(str(WIKITEXT / "valid.txt"), str(WIKITEXT / "test.txt")), output=tok_dir,
+            inputs=(str(wikitext / "valid.txt"), str(wikitext / "test.txt")), output=tok_dir,
             vocab_size=args.vocab_size, unk_rate_samples=1000))
         print(f"corpus {corpus.stat().st_size / 1e6:.1f} MB; Unigram vocab {trained.vocab_size} "
               f"trained in {trained.seconds:.1f} s; {os.cpu_count()} cores")
@@ -167,7 +169,7 @@ def main() -> None:
             print(f"{'reference recipe':24s} {ref_rate:>12,.0f} tokens/s   ({ref_tokens:,} tokens incl. empty-line noise)")
             print(f"ratio reference / bare encode_batch: {ref_rate / best['bare encode_batch']:.2f}; "
                   f"tpulm prepare / reference: {best['tpulm prepare'] / ref_rate:.1f}x")
-        big = make_corpus(tmp, args.mb * 4, "corpus4x.txt")
+        big = make_corpus(tmp, args.mb * 4, "corpus4x.txt", wikitext)
         for label, path in (("1x", corpus), ("4x", big)):
             tokens, seconds, rss = peak_rss(tok_dir, path, tmp / f"rss-{label}")
             print(f"peak RSS prepare {label} ({path.stat().st_size / 1e6:.0f} MB, {tokens:,} tokens, "

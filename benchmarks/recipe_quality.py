@@ -24,7 +24,7 @@ task (``tpulm evaluate --task builtin:replaced-words``), mean over N seeds.
 The machine's load average is printed before and after each arm: figures taken while the machine
 is busy with other work are not comparable.
 
-    python benchmarks/recipe_quality.py [--budget 240] [--corpus builtin|wikitext] [--extra-arms]
+    .venv/bin/python benchmarks/recipe_quality.py [--budget 240] [--corpus builtin|wikitext] [--extra-arms]
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_data  # noqa: E402  (WikiText-2: ../shared/data, else the repository's copy)
 SEQ, BATCH, VOCAB, EVAL_SEED = 128, 32, 8192, 1234
 BUILTIN_TASK = "builtin:replaced-words"
 SIZES = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "max_position_embeddings": 512}
@@ -78,9 +79,8 @@ def prepare_data(root: Path, corpus: str) -> dict[str, str]:
     from tpulm.data import builtin_corpus, prepare, tokenizer
 
     if corpus == "wikitext":
-        if not (WIKITEXT / "valid.txt").exists():
-            raise SystemExit(f"--corpus wikitext needs {WIKITEXT} (the shared data folder)")
-        train, valid = str(WIKITEXT / "valid.txt"), str(WIKITEXT / "test.txt")
+        wikitext = bench_data.wikitext_dir()
+        train, valid = str(wikitext / "valid.txt"), str(wikitext / "test.txt")
     else:
         info = builtin_corpus.write_demo_corpus(str(root / "corpus"))
         train, valid = info.files["train"], info.files["validation"]

@@ -8,7 +8,7 @@ own, since Keras fixes its backend at import. Rounds alternate the backends (the
 shared and noisy) and the best round of each counts. Prints tokens/s, MFU against the best fp32
 (2048, 2048) matmul either framework measured in the same run, and the JAX / TF ratio.
 
-    PYTHONPATH=src python benchmarks/train_backends.py [--steps 20] [--warmup 5] [--rounds 2]
+    .venv/bin/python benchmarks/train_backends.py [--steps 20] [--warmup 5] [--rounds 2]
         [--dropout-off]   (both backends without dropout: takes their random generators out)
 """
 

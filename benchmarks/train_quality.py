@@ -7,7 +7,7 @@ decay 0.01 off LayerNorm/biases, clipping 1.0) and the same warmup/linear-decay 
 number of tokens. Both are evaluated on the same masked evaluation batches; prints the final
 masked-token eval loss of both and the difference (target: tpulm <= reference + 0.05).
 
-    PYTHONPATH=src python benchmarks/train_quality.py [--steps 600] [--seeds 0 1]
+    .venv/bin/python benchmarks/train_quality.py [--steps 600] [--seeds 0 1]
 """
 
 from __future__ import annotations
@@ -22,14 +22,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the tests' reference-schema shard writer
 sys.path.insert(0, str(REPO / "benchmarks"))  # train_throughput's slot_labels
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+sys.path.insert(0, str(REPO / "src"))
+import bench_data  # noqa: E402  (WikiText-2: ../shared/data, else the repository's copy)
 SEQ, BATCH, VOCAB, LR = 128, 32, 4096, 1e-3
 
 
 def prepare(root: Path) -> dict[str, Path]:
     from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
-    train_lines, eval_lines = wikitext_lines(WIKITEXT, "valid"), wikitext_lines(WIKITEXT, "test")
+    wikitext = bench_data.wikitext_dir()
+    train_lines, eval_lines = wikitext_lines(wikitext, "valid"), wikitext_lines(wikitext, "test")
     tok = make_tokenizer(root / "tokenizer", train_lines + eval_lines, vocab_size=VOCAB)
     for split, lines in (("train", train_lines), ("valid", eval_lines)):
         ids, mask = blocks(tok, lines, SEQ)

@@ -11,7 +11,7 @@ bfloat16 (tpulm ``mixed_bfloat16``, PyTorch ``torch.autocast``). tpulm runs with
 (on CPU: XLA in fp32, TensorFlow graph mode with oneDNN in bfloat16, one inter-op thread; see
 ``Strategy.use_xla`` in ``tpulm.training.distribution``).
 
-    PYTHONPATH=src python benchmarks/train_throughput.py [--steps 20] [--skip-base]
+    .venv/bin/python benchmarks/train_throughput.py [--steps 20] [--skip-base]
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # the tests' reference-schema shard writer
-WIKITEXT = REPO.parent / "shared" / "data" / "wikitext-2"
+sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(0, str(REPO / "benchmarks"))
+import bench_data  # noqa: E402  (WikiText-2: ../shared/data, else the repository's copy)
 MODEL = {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 1024,
          "max_position_embeddings": 132}
 SEQ, BATCH, VOCAB = 128, 32, 8192
@@ -39,7 +41,8 @@ def prepare(root: Path) -> dict[str, Path]:
     """Tokenizer (vocab 8192) on WikiText-2 valid+test, and shards of 128-token blocks."""
     from support.training import blocks, make_tokenizer, wikitext_lines, write_shards
 
-    lines = wikitext_lines(WIKITEXT, "valid") + wikitext_lines(WIKITEXT, "test")
+    wikitext = bench_data.wikitext_dir()
+    lines = wikitext_lines(wikitext, "valid") + wikitext_lines(wikitext, "test")
     tok = make_tokenizer(root / "tokenizer", lines, vocab_size=VOCAB)
     ids, mask = blocks(tok, lines, SEQ)
     write_shards(root / "train", ids, mask, 4)

@@ -14,6 +14,7 @@ import pytest
 
 from tpulm import storage
 from tpulm.data import builtin_corpus
+from tpulm.data.tokenizer import MASK_PLACEHOLDER
 from tpulm.errors import TpulmError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,7 +100,7 @@ EVIDENCE = {
 def test_fill_mask_answers_are_what_the_corpus_says(corpus, prompt, answer):
     # In the prompt's context the answer is the most frequent word, and a common one.
     text = " ".join(Path(corpus.files[s]).read_text() for s in builtin_corpus.SPLITS)
-    assert re.search(EVIDENCE[answer], prompt.replace("[MASK]", answer))
+    assert re.search(EVIDENCE[answer], prompt.replace(MASK_PLACEHOLDER, answer))
     fillers = Counter(re.findall(EVIDENCE[answer], text))
     assert fillers.most_common(1)[0][0] == answer, fillers.most_common(5)
     assert fillers[answer] >= 5 and fillers[answer] >= 0.3 * sum(fillers.values())

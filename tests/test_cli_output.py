@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tpulm import quiet
 from tpulm.cli import _quiet
 from tpulm.training.callbacks import progress_line
 
@@ -23,6 +24,7 @@ KEPT = ["E0000 00:00:1796017595.370054   29776 file_system.cc:9] could not open 
 
 CHILD = """
 import os, sys
+from tpulm import quiet
 from tpulm.cli import _quiet
 _quiet.StderrFilter.install()
 for line in sys.argv[1:]:
@@ -39,7 +41,24 @@ def test_native_start_up_noise_is_dropped_and_everything_else_kept():
     # Python's own stderr bypasses the pipe, so only the set of lines is fixed, not their order.
     assert sorted(done.stderr.splitlines()) == sorted(["python stderr", *KEPT])
     for line in NATIVE_NOISE:
-        assert _quiet.NOISE.match(line)
+        assert quiet.NOISE.match(line)
+
+
+SCOPED = """
+import os, sys
+from tpulm import quiet
+with quiet.while_native_start():  # as training.run while TensorFlow starts
+    for line in sys.argv[1:]:
+        os.write(2, (line + "\\n").encode())
+os.write(2, b"after the block: " + sys.argv[1].encode() + b"\\n")
+"""
+
+
+def test_the_python_api_filters_fd_2_only_while_tensorflow_starts():
+    done = subprocess.run([sys.executable, "-c", SCOPED, *NATIVE_NOISE, *KEPT],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [*KEPT, f"after the block: {NATIVE_NOISE[0]}"]
 
 
 def test_the_real_command_line_filters_and_verbose_does_not():
@@ -115,3 +134,34 @@ def test_only_the_cli_prints():
                 for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
                 if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"]
     assert not printing, printing
+
+
+def test_a_set_typo_is_named_as_a_set_and_a_file_typo_as_the_file(tmp_path, capsys):
+    from tpulm.cli import main
+
+    work = ["--work-dir", str(tmp_path / "w")]
+    assert main(["run", *work, "--set", "train.batch_sizee=3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown setting(s) batch_sizee in [train] of --set (over " in err, err
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[train]\nbatch_sizee = 3\n")
+    assert main(["run", "--config", str(mine), *work, "--set", "train.max_steps=5"]) == 2
+    assert f"batch_sizee in [train] of {mine};" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()  # refused before any stage ran
+
+
+HUB_WARNING = """
+import logging
+from tpulm import cli
+cli.quiet_libraries(False)  # as cli.main, before logging.basicConfig
+logging.basicConfig(level=logging.INFO)
+import huggingface_hub  # its own stderr handler, as the Hub client sets it up
+logging.getLogger("huggingface_hub.utils._http").warning("Retrying in 1s [Retry 1/5].")
+"""
+
+
+def test_a_hub_warning_shows_once():
+    done = subprocess.run([sys.executable, "-c", HUB_WARNING], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("Retrying in 1s [Retry 1/5].") == 1, done.stderr

@@ -68,8 +68,17 @@ def test_several_masks_and_batches_of_different_lengths(predictor):
 
 
 def test_no_mask_token_is_a_clear_error(predictor):
-    with pytest.raises(TpulmError, match=r"no mask token: write \[MASK\]"):
+    with pytest.raises(TpulmError, match=r"no mask token: write \[MASK\] \(or \{mask\}\)"):
         fill_mask.fill_mask(predictor, ["no mask here <mask>"])
+
+
+def test_placeholder_becomes_the_tokenizers_mask_token(predictor):
+    """Prompts written once with {mask} answer with any tokenizer (here Unigram's [MASK])."""
+    written = ["The film was released in {mask} .", "{mask} was born in {mask} ."]
+    assert [predictor.prompt(t) for t in written] == [
+        "The film was released in [MASK] .", "[MASK] was born in [MASK] ."]
+    assert fill_mask.fill_mask(predictor, written, top_k=3) == fill_mask.fill_mask(
+        predictor, [predictor.prompt(t) for t in written], top_k=3)
 
 
 def test_run_dir_step_checkpoint_folder_agree(run_dir, predictor):

@@ -84,8 +84,15 @@ def test_export_folder_and_config(exported, run):
     assert config["vocab_size"] == cfg.vocab_size and config["layer_norm_eps"] == 1e-5
     card = (exported / "README.md").read_text()
     for fact in ("step 10", "10,240", "5.4321", "0.1234", "`[MASK]`", "pipeline_tag: fill-mask",
-                 "learning_rate = 0.0001"):
+                 "learning_rate = 0.0001", "A RoBERTa masked language model",
+                 "| architecture | `RobertaForMaskedLM` |", "\n- roberta\n",
+                 f"| layers | {cfg.num_layers} |", f"| hidden size | {cfg.hidden_size} |",
+                 "learned, from row 4 (`pad_token_id` + 1)",
+                 f"| longest input (tokens) | {cfg.max_positions} |",
+                 "batch size per replica: 8", "peak learning rate: 0.0001",
+                 "assumes RoBERTa's pad id 1", "this tokenizer's pad id is 3"):
         assert fact in card, fact
+    assert "ModernBERT" not in card and "$" not in card.split("```toml")[0]
 
 
 def test_exported_model_logits_match_keras(exported, run, tokenizer, lines):
@@ -192,13 +199,23 @@ def test_import_overwrite_of_a_trained_run_says_it_drops_its_checkpoints(hf_dir,
     assert [step for step, _ in rundir.list_checkpoints(str(target))] == [0]
 
 
+def _exported_form(state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``state`` bit for bit but for the export's one rewrite: the token-type row (non-zero
+    here, as tpulm trains it) folded into the positions (see tpulm.hf.roberta.canonical_state)."""
+    types, positions = (f"roberta.embeddings.{t}_embeddings.weight"
+                        for t in ("token_type", "position"))
+    assert state[types].any()
+    return {**state, types: np.zeros_like(state[types]),
+            positions: state[positions] + state[types][0]}
+
+
 def test_round_trip_hf_tpulm_hf_is_exact(hf_dir, tmp_path, tokenizer, lines):
     run_dir, out = tmp_path / "run", tmp_path / "out"
     assert main(["import", str(hf_dir), str(run_dir)]) == 0
     assert main(["export", str(run_dir), str(out)]) == 0
     original, back = load_file(str(hf_dir / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert sorted(back) == sorted(original)
-    for key, value in original.items():
+    for key, value in _exported_form(original).items():
         assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
     # The imported checkpoint loads with tpulm.model.weights into build_model (training resumes from it).
     from tpulm.model.config import run_model_config
@@ -267,7 +284,7 @@ def test_pickle_only_with_allow_pickle(hf_dir, tmp_path, capsys):
     assert main(["import", str(pickled), str(tmp_path / "r"), "--allow-pickle"]) == 0
     assert main(["export", str(tmp_path / "r"), str(tmp_path / "out")]) == 0
     back = load_file(str(tmp_path / "out" / "model.safetensors"))
-    assert all(np.array_equal(back[k], v) for k, v in state.items())
+    assert all(np.array_equal(back[k], v) for k, v in _exported_form(state).items())
 
 
 def test_hub_upload_files_and_offline_error(run, tmp_path, monkeypatch, capsys):
@@ -318,3 +335,49 @@ def test_export_from_remote_run_dir(run, tmp_path):
     export.write_export(str(run_dir), str(local))
     for name in ("model.safetensors", "config.json", "tokenizer.json", "README.md"):
         assert (from_remote / name).read_bytes() == (local / name).read_bytes(), name
+
+
+def _hidden_states(folder, batch) -> tuple[np.ndarray, np.ndarray]:
+    """Last hidden states of an export read by keras-hub 0.32 and by Transformers."""
+    import keras_hub
+    import torch
+
+    backbone = keras_hub.models.RobertaBackbone.from_preset(str(folder))
+    got = keras.ops.convert_to_numpy(backbone({"token_ids": batch["input_ids"],
+                                               "padding_mask": batch["attention_mask"]}))
+    with torch.no_grad():
+        tensors = {k: torch.from_numpy(v.astype("int64")) for k, v in batch.items()}
+        out = _torch_from(folder)(**tensors, output_hidden_states=True)
+    return got, out.hidden_states[-1].numpy()
+
+
+def test_keras_hub_reads_the_export_as_transformers_does_with_pad_id_1(
+        exported, tokenizer, lines, tmp_path):
+    """keras-hub ignores the token-type table (folded into positions on export) and assumes
+    RoBERTa's pad id 1: a byte-level BPE export (pad 1) agrees; the Unigram one (pad 3) does
+    not, as its model card and the export's log line say."""
+    pytest.importorskip("keras_hub")  # the test extra installs it
+    from tpulm.data import tokenizer as tokenizers
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(lines[:600]) + "\n", encoding="utf-8")
+    tok_dir = tmp_path / "bpe"
+    tokenizers.run(tokenizers.TokenizerConfig(inputs=(str(corpus),), output=str(tok_dir),
+                                              model="bpe", vocab_size=600))
+    bpe = tokenizers.open_folder(str(tok_dir))
+    assert bpe.special.pad_id == 1
+    make_run_dir(tmp_path / "run", tok_dir, load_model_preset("tiny"), steps=(5,), pad_id=1)
+    assert main(["export", str(tmp_path / "run"), str(tmp_path / "export")]) == 0
+    card = (tmp_path / "export" / "README.md").read_text()
+    assert "with the same hidden states as Transformers" in card
+    texts = sentences(lines[-30:], 6)
+    batch = padded_batch(bpe.tokenizer, texts, max_len=64)
+    batch["input_ids"][batch["attention_mask"] == 0] = 1  # padded_batch pads with the Unigram's 3
+    real = batch["attention_mask"].astype(bool)
+    assert not real.all()
+    got, want = _hidden_states(tmp_path / "export", batch)
+    np.testing.assert_allclose(got[real], want[real], atol=TOL, rtol=0)
+    unigram = padded_batch(tokenizer, texts, max_len=64)
+    got, want = _hidden_states(exported, unigram)
+    real = unigram["attention_mask"].astype(bool)
+    assert np.abs(got[real] - want[real]).max() > 0.1  # the card's warning still holds

@@ -365,6 +365,14 @@ def test_run_dir_export_and_import_dispatch_on_architecture(wikitext_dir, tmp_pa
     loaded = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "export"),
                                                   attn_implementation="eager").eval()
     assert type(loaded).__name__ == "ModernBertForMaskedLM"
+    card = (tmp_path / "export" / "README.md").read_text()  # written from config.json
+    for fact in ("A ModernBERT masked language model", "`ModernBertForMaskedLM`",
+                 "\n- modernbert\n", f"| layers | {cfg.num_layers} |",
+                 f"| longest input (tokens) | {cfg.max_position_embeddings} |",
+                 f"sliding window of {cfg.local_attention} tokens", "rotary (base 160000 global",
+                 "no ModernBERT converter"):
+        assert fact in card, fact
+    assert "RoBERTa" not in card and "Roberta" not in card
     batch = padded_batch(9)
     real = batch["attention_mask"].astype(bool)
     np.testing.assert_allclose(torch_logits(loaded, batch)[real],

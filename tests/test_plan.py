@@ -167,7 +167,7 @@ def test_without_libtpu_one_line_says_how_to_install_it():
 
 def test_libtpus_probe_for_a_tpu_is_kept_off_the_screen():
     """With the tpu extra installed every JAX start on a CPU machine prints these (measured)."""
-    from tpulm.cli._quiet import NOISE
+    from tpulm.quiet import NOISE
 
     probe = [
         "Failed to find host bounds for accelerator type: WARNING: could not determine TPU "

@@ -213,3 +213,16 @@ def test_cli(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == (
         f"tpulm: error: run dir {tmp_path / 'missing'} does not exist"
     )
+
+
+def test_the_title_names_the_command_that_made_the_run(tmp_path):
+    records = make_records(last=20)
+    write_run(str(tmp_path / "runs" / "tiny"), records)  # as `tpulm train --run-dir runs/tiny`
+    alone = report.run(str(tmp_path / "runs" / "tiny"))
+    assert f"<h1>tpulm train --run-dir {tmp_path}/runs/tiny</h1>" in Path(alone.html).read_text()
+    work = tmp_path / "work"  # as `tpulm run --work-dir work`: its stage records beside the run
+    write_run(str(work / "run"), records)
+    (work / "stages").mkdir()
+    (work / "stages" / "train.json").write_text("{}")
+    piped = report.run(str(work / "run"))
+    assert f"<h1>tpulm run --work-dir {work}</h1>" in Path(piped.html).read_text()

@@ -127,3 +127,14 @@ def test_both_kinds_of_strategy_implement_the_one_interface():
     assert mesh.use_xla("auto", "mixed_bfloat16") and not mesh.use_xla("false")  # JAX: always XLA
     with pytest.raises(TpulmError, match="jit_compile must be one of auto, true, false"):
         mesh.use_xla("yes")
+
+
+def test_an_unreachable_tpu_is_named_in_one_line():
+    """TensorFlow's error goes on with the kernel registry; the user's line stops before it."""
+    from tpulm.training.strategies import first_line
+
+    raised = ValueError("TPUs not found in the cluster. Failed in initialization: No OpKernel "
+                        "was registered to support Op 'ConfigureDistributedTPU'\nRegistered "
+                        "devices: [CPU]\nRegistered kernels:\n  <no registered kernels>\n")
+    assert first_line(raised) == ("TPUs not found in the cluster. Failed in initialization: No "
+                                  "OpKernel was registered to support Op 'ConfigureDistributedTPU'")

@@ -15,7 +15,7 @@ from support.training import (
     write_shards,
 )
 
-from tpulm import config, rundir
+from tpulm import config, report, rundir
 from tpulm.cli import main
 from tpulm.data import shards, tokenizer
 from tpulm.errors import TpulmError
@@ -250,3 +250,32 @@ def test_rerunning_a_finished_run_appends_no_duplicate_eval_line(tmp_path, corpu
     again = run(TrainConfig(**common))  # complete: reports its final state, trains nothing
     assert again.eval is not None  # the final evaluation is still reported ...
     assert (tmp_path / "run" / rundir.METRICS_NAME).read_text() == before  # ... not logged twice
+
+
+def test_an_existing_run_says_complete_or_continues_as_recorded(tmp_path, corpus, caplog):
+    """`tpulm.training.run` (which `tpulm train` calls) on a finished run trains nothing,
+    writes nothing and reports the run as it is; continuing with another batch size says so
+    and counts the tokens each part trained."""
+    caplog.set_level("INFO")
+    run_dir = tmp_path / "run"
+    paths = dict(train_data=str(corpus["train"]), eval_data=str(corpus["valid"]),
+                 tokenizer=str(corpus["tokenizer"]), run_dir=str(run_dir), log_every=2,
+                 eval_every=4, checkpoint_every=4)
+    first = run(TrainConfig(**QUICK, **paths, max_steps=4))
+    # The summary's tokens/s is the report's mean, to the bit (one session).
+    assert report.summarize(_metrics(run_dir)).tokens_per_second == first.tokens_per_second
+    files = {name: (run_dir / name).read_text()
+             for name in (rundir.CONFIG_NAME, rundir.METRICS_NAME)}
+    shorter = run(TrainConfig(**{**QUICK, "batch_size": 16}, **paths, max_steps=2))
+    assert (shorter.step, shorter.steps_this_session, shorter.tokens) == (4, 0, 4 * 8 * 32)
+    assert shorter.eval == first.eval  # as recorded: no second evaluation, no line appended
+    assert {name: (run_dir / name).read_text() for name in files} == files
+    assert any("is complete at step 4 (of 2)" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    longer = run(TrainConfig(**{**QUICK, "batch_size": 16}, **paths, max_steps=6))
+    assert (longer.step, longer.tokens) == (6, 4 * 8 * 32 + 2 * 16 * 32)
+    assert [r["tokens"] for r in _metrics(run_dir) if r["step"] == 6] == [longer.tokens] * 2
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("from step 4 with other settings" in m and "batch_size 8 -> 16" in m
+               for m in warned), warned
+    assert config.load_toml(str(run_dir / rundir.CONFIG_NAME))["train"]["batch_size"] == 16

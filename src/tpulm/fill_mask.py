@@ -1,9 +1,12 @@
 """Fill-mask with the native Keras model (no PyTorch): answers like Transformers' pipeline.
 
 A model is a run dir (latest checkpoint, or ``step``), one checkpoint folder of a run dir, or an
-exported Transformers folder. Results have the pipeline's shape and fields: for a text with one
-mask a list of ``{"score", "token", "token_str", "sequence"}``, with several masks one such list
-per mask (each filled on its own, the other masks left in ``sequence``, as the pipeline does).
+exported Transformers folder. Texts hold the tokenizer's mask token (``[MASK]``, ``<mask>``) or
+the placeholder ``{mask}``, which becomes it: prompts written once (the built-in corpus', a run
+config's) then answer with every tokenizer family. Results have the pipeline's shape and fields:
+for a text with one mask a list of ``{"score", "token", "token_str", "sequence"}``, with several
+masks one such list per mask (each filled on its own, the other masks left in ``sequence``, as the
+pipeline does).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tpulm import config, storage, trained_model
-from tpulm.data.tokenizer import open_folder
+from tpulm.data.tokenizer import MASK_PLACEHOLDER, open_folder
 from tpulm.errors import TpulmError
 
 BATCH_SIZE = 32
@@ -28,7 +31,8 @@ class FillMaskConfig:
     """Settings of ``tpulm fill-mask``."""
 
     model: str = config.setting("", "run dir, checkpoint folder or exported Transformers folder")
-    texts: tuple[str, ...] = config.setting((), "texts with the mask token; none: read stdin")
+    texts: tuple[str, ...] = config.setting(
+        (), "texts with the mask token or {mask}; none: read stdin")
     top_k: int = config.setting(5, "predictions per mask")
     step: int | None = config.setting(None, "checkpoint step of a run dir (default: latest)")
 
@@ -52,6 +56,10 @@ class Predictor:
     def mask_token(self) -> str:
         return self.tokenizer.id_to_token(self.mask_id)
 
+    def prompt(self, text: str) -> str:
+        """``text`` with every ``{mask}`` placeholder replaced by this tokenizer's mask token."""
+        return text.replace(MASK_PLACEHOLDER, self.mask_token)
+
 
 def load_predictor(path: str, step: int | None = None) -> Predictor:
     """Load a model for fill-mask from a run dir, a checkpoint folder or an export folder.
@@ -68,10 +76,10 @@ def load_predictor(path: str, step: int | None = None) -> Predictor:
 
 
 def _encode(predictor: Predictor, text: str) -> list[int]:
-    ids = predictor.tokenizer.encode(text).ids
+    ids = predictor.tokenizer.encode(predictor.prompt(text)).ids
     if predictor.mask_id not in ids:
-        raise TpulmError(f"text {text!r} has no mask token: write {predictor.mask_token} where "
-                         "the word to predict goes")
+        raise TpulmError(f"text {text!r} has no mask token: write {predictor.mask_token} (or "
+                         f"{MASK_PLACEHOLDER}) where the word to predict goes")
     if len(ids) > predictor.max_length:
         raise TpulmError(f"text {text[:40]!r}... is {len(ids)} tokens long; the model takes at "
                          f"most {predictor.max_length}")
@@ -129,7 +137,7 @@ def fill_mask(predictor: Predictor, texts: list[str], top_k: int = 5) -> list[An
 
     Args:
         predictor: from :func:`load_predictor`.
-        texts: texts containing the mask token (e.g. ``[MASK]``).
+        texts: texts containing the mask token (e.g. ``[MASK]``) or ``{mask}``.
         top_k: predictions per mask.
     """
     encoded = [_encode(predictor, text) for text in texts]

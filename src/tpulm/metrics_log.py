@@ -118,6 +118,11 @@ class MetricsLog:
             return []
         return [json.dumps(r) + "\n" for r in read_metrics(self.path) if r["step"] <= resume_step]
 
+    def last(self, split: str) -> dict[str, Any] | None:
+        """The last line of ``split`` kept or written so far (None if there is none)."""
+        records = [json.loads(line) for line in self._lines]
+        return next((r for r in reversed(records) if r["split"] == split), None)
+
     def elapsed(self) -> float:
         """Training seconds, including those of earlier (resumed) sessions."""
         return time.monotonic() - self.start

@@ -297,7 +297,7 @@ def run(run_dir: str) -> Report:
     figures = summarize(records)
     config_path = storage.join(run_dir, rundir.CONFIG_NAME)
     config_text = storage.read_text(config_path) if storage.exists(config_path) else None
-    title = f"tpulm run {run_dir.rstrip('/')}"
+    title = rundir.made_by(run_dir)
     png = render_png(records, title, headline(figures))
     report = Report(
         png=storage.join(run_dir, PNG_NAME), html=storage.join(run_dir, HTML_NAME), figures=figures,

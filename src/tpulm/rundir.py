@@ -19,6 +19,7 @@ RUN_DIR/
 
 from __future__ import annotations
 
+import posixpath
 import re
 
 from tpulm import storage
@@ -34,10 +35,21 @@ MODEL_WEIGHTS = "model.safetensors"
 OPTIMIZER_WEIGHTS = "optimizer.safetensors"
 STATE_NAME = "state.json"
 LOCK_NAME = "lock.json"
+# `tpulm run` keeps a record per stage in WORK/stages/, beside its run dir WORK/run
+# (tpulm.pipeline.engine.STAGES_DIR): how a run dir tells which command made it.
+PIPELINE_RECORDS = ("stages", "train.json")
 # Everything tpulm writes at the top of a run dir (what `import --overwrite` may replace).
 NAMES = frozenset({CONFIG_NAME, TOKENIZER_DIR, CHECKPOINTS_DIR, METRICS_NAME, TENSORBOARD_DIR,
                    EXPORT_DIR, LOCK_NAME})
 _CHECKPOINT = re.compile(r"^ckpt-(\d+)$")
+
+
+def made_by(run_dir: str) -> str:
+    """The command that made ``run_dir``, as a user would type it."""
+    work_dir = posixpath.dirname(run_dir.rstrip("/"))
+    if storage.exists(storage.join(work_dir or ".", *PIPELINE_RECORDS)):
+        return f"tpulm run --work-dir {work_dir or '.'}"
+    return f"tpulm train --run-dir {run_dir.rstrip('/')}"
 
 
 def checkpoint_dir(run_dir: str, step: int) -> str:

@@ -138,11 +138,13 @@ def torch_logits(model, batch: dict[str, np.ndarray]) -> np.ndarray:
     return out.logits.numpy()
 
 
-def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10), seed: int = 0):
+def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10), seed: int = 0,
+                 pad_id: int = PAD_ID):
     """A run dir as `tpulm train` leaves it: config.toml, tokenizer/, checkpoints with random
     (non-trivial: LayerNorms and biases too) weights written by tpulm.model.weights, metrics.jsonl.
 
     Returns the Keras model holding the weights of the last checkpoint, and its config.
+    ``pad_id`` must be the tokenizer's (the reference Unigram's 3 by default).
     """
     import shutil
 
@@ -153,7 +155,7 @@ def make_run_dir(run_dir: Path, tokenizer_dir: Path, table: dict, steps=(5, 10),
     from tpulm.model.networks import build_model
 
     vocab = load_tokenizer(str(tokenizer_dir)).get_vocab_size()
-    cfg = ModelConfig(vocab_size=vocab, pad_token_id=PAD_ID, **table)
+    cfg = ModelConfig(vocab_size=vocab, pad_token_id=pad_id, **table)
     run_dir.mkdir(parents=True)
     tables = {"model": config.as_table(cfg), "train": {"learning_rate": 1e-4, "batch_size": 8}}
     (run_dir / rundir.CONFIG_NAME).write_text(config.to_toml(tables))

@@ -16,7 +16,7 @@ import os
 import pkgutil
 import sys
 
-from tpulm import __version__
+from tpulm import __version__, quiet
 from tpulm.cli import _common, _quiet
 from tpulm.errors import Interrupted, TpulmError, describe_os_error
 from tpulm.training import backends
@@ -52,6 +52,11 @@ def quiet_libraries(verbose: bool) -> None:
     """Keep TensorFlow's, XLA's and JAX's start-up chatter (absl and oneDNN banners, ``E0000 ...
     cuInit`` on machines without a GPU, ``Unable to initialize backend 'tpu'``) off the screen;
     ``--verbose`` shows it. Must run before TensorFlow or JAX is imported."""
+    quiet.show_all = verbose  # the scoped filter of the Python API too
+    # 🤗 Hub and datasets print through a stderr handler of their own: propagated to the root
+    # logger as well, each of their warnings (e.g. a Hub retry) would show twice.
+    for name in ("huggingface_hub", "datasets"):
+        logging.getLogger(name).propagate = False
     if verbose:
         return
     # 3 also hides C++ ERROR lines: on a CPU machine those are only the probes for absent
@@ -61,6 +66,9 @@ def quiet_libraries(verbose: bool) -> None:
     os.environ.setdefault("ABSL_MIN_LOG_LEVEL", "3")  # absl's C++ logging (XLA, newer TF)
     for name in ("absl", "jax._src.xla_bridge", "tensorflow"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # 🤗 datasets announces at import, at INFO, which frameworks it found ("TensorFlow version
+    # 2.21.0 available."): set before it is imported, its own level setting comes too late.
+    logging.getLogger("datasets").setLevel(logging.WARNING)
 
 
 def main(argv: list[str] | None = None, *, filter_native_logs: bool | None = None) -> int:

@@ -1,34 +1,21 @@
-"""Keep the native libraries' start-up chatter off a CPU user's screen.
+"""Keep the native libraries' start-up chatter off a CPU user's screen, for the whole process.
 
-TensorFlow and XLA log through absl before absl is initialised, so ``TF_CPP_MIN_LOG_LEVEL`` does
-not reach these lines: "All log messages before absl::InitializeLog() ...", ``I0000 ...
-oneDNN custom operations are on``, ``I0000 ... Could not find cuda drivers``, ``E0000 ...
-failed call to cuInit`` on machines without a GPU. They are written by C++ straight to file
-descriptor 2, so :class:`StderrFilter` puts a pipe there and copies every other line through.
+The noise and its pattern are described in :mod:`tpulm.quiet`. The command line puts a pipe on
+file descriptor 2 for its whole life (:class:`StderrFilter`) and copies every other line through.
 ``tpulm --verbose`` shows everything.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import threading
 
-# absl's preamble; native INFO/WARNING lines (I0000/W0000 ...); and the ERROR lines that only
-# report an absent accelerator (CUDA / TPU probes), never a failure of the run itself.
-NOISE = re.compile(
-    r"^(WARNING: All log messages before absl::InitializeLog\(\)"
-    r"|[IW]\d{4} [\d:.]+ +\d+ \S+:\d+\]"
-    r"|E\d{4} [\d:.]+ +\d+ \S+:\d+\] .*(cuInit|CUDA|cuda|TPU|tpu_)"
-    # libtpu (the `tpu` extra, for `tpulm plan`) probing for a TPU at every JAX start elsewhere
-    r"|WARNING: Logging before InitGoogle\(\)|Failed to find host bounds for accelerator type"
-    r"|WARNING: could not determine TPU|=== Source Location Trace: ===\s*$|learning/\S+\.cc:\d+$)"
-)
+from tpulm.quiet import NOISE, copy_filtered  # noqa: F401  (NOISE: read here by tests too)
 
 
 class StderrFilter:
-    """Route file descriptor 2 through a pipe, dropping :data:`NOISE` lines.
+    """Route file descriptor 2 through a pipe, dropping :data:`tpulm.quiet.NOISE` lines.
 
     Python's own ``sys.stderr`` (logging, tracebacks, progress bars) keeps writing straight to
     the original stderr, so it stays a terminal where it was one. One filter per process, kept
@@ -63,10 +50,7 @@ class StderrFilter:
         self._thread.start()
 
     def _copy(self, read: int) -> None:
-        with os.fdopen(read, "rb") as pipe:
-            for line in pipe:
-                if not NOISE.match(line.decode("utf-8", "replace")):
-                    os.write(self._saved, line)
+        copy_filtered(read, self._saved)
 
     def stop(self) -> None:
         """Give fd 2 back (before an exec) and let the copier drain what is left."""

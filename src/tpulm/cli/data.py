@@ -48,10 +48,12 @@ def _prepare(args: argparse.Namespace) -> int:
     for s in result.splits.values():
         state = "already complete" if s.resumed_at_shard < 0 else (
             f"resumed at shard {s.resumed_at_shard}" if s.resumed_at_shard else "written")
+        # A split already complete did no work now: no time or speed to show for it.
+        timing = "" if s.resumed_at_shard < 0 else (
+            f"; {s.seconds:.1f} s, {s.tokens_per_second:,.0f} tokens/s")
         print(
             f"{s.split}: {state} -> {s.path}: {s.samples} samples, {s.tokens} tokens, "
-            f"{s.blocks} blocks in {s.shards} shards, {s.tokens_dropped} tokens dropped; "
-            f"{s.seconds:.1f} s, {s.tokens_per_second:,.0f} tokens/s"
+            f"{s.blocks} blocks in {s.shards} shards, {s.tokens_dropped} tokens dropped{timing}"
         )
     return 0
 

@@ -75,9 +75,14 @@ def _run(args: argparse.Namespace) -> int:
         assignments.append(f"run.work_dir={json.dumps(args.work_dir)}")
     if args.dataset:
         assignments.append(f"run.dataset={json.dumps(args.dataset)}")
-    tables = config.apply_overrides(config.load_toml(path), assignments)
+    written = config.load_toml(path)
+    tables = config.apply_overrides(written, assignments)
+    where = path
+    if args.assignments:  # the file checked alone first: what fails after is a --set's fault
+        pipeline.plan(written, path)
+        where = f"--set (over {path})"
     activate_backend(tables.get("train", {}).get("backend"))  # before any stage imports Keras
-    result = pipeline.run(tables, path, restart=args.restart, overwrite=args.overwrite)
+    result = pipeline.run(tables, where, restart=args.restart, overwrite=args.overwrite)
     print(_closing_lines(result), flush=True)
     return 0
 
@@ -93,5 +98,5 @@ def _closing_lines(result) -> str:
     if result.stages.get("evaluate") is not None:
         lines.append(format_table(result.stages["evaluate"].tasks))
     lines += [fill_mask.format_result(text, answer)
-              for text, answer in zip(result.plan.prompts, result.answers)]
+              for text, answer in zip(result.prompts, result.answers)]
     return "\n".join([*lines, stages.outputs_summary(result.plan)])

@@ -62,11 +62,11 @@ RUNTIME_MODULES = ("builtins", "math", "cmath", "itertools", "array")
 # the answer is the most frequent word in the prompt's context (137 of 185 "Return _ if" are
 # "Return True if" on Python 3.11) and one token of a Unigram tokenizer trained on the corpus.
 FILL_MASK_PROMPTS = (
-    ("Return [MASK] if the object is a class.", "True"),
-    ("Return the [MASK] of items in the queue.", "number"),
-    ("Return an [MASK] of the class.", "instance"),
-    ("The path is relative to the [MASK] working directory of the process.", "current"),
-    ("Return a shallow [MASK] of the list.", "copy"),
+    ("Return {mask} if the object is a class.", "True"),
+    ("Return the {mask} of items in the queue.", "number"),
+    ("Return an {mask} of the class.", "instance"),
+    ("The path is relative to the {mask} working directory of the process.", "current"),
+    ("Return a shallow {mask} of the list.", "copy"),
 )
 
 MIN_WORDS = 5

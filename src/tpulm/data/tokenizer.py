@@ -24,6 +24,9 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
 SPECIAL_ROLES = ("cls_token", "sep_token", "unk_token", "pad_token", "mask_token")
+# Written in prompts where the tokenizer's own mask token goes (Unigram and WordPiece: [MASK],
+# byte-level BPE: <mask>), so that one prompt answers with every tokenizer family.
+MASK_PLACEHOLDER = "{mask}"
 
 
 @dataclasses.dataclass(frozen=True)

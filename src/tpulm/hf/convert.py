@@ -3,7 +3,8 @@
 Each architecture's map lives in its own module (:mod:`tpulm.hf.roberta`,
 :mod:`tpulm.hf.modernbert`) with the same names: ``ARCHITECTURE``, ``MODEL_TYPE``, ``TIED`` (decoder
 tensors tied to others, left out on export), ``TOLERATED`` (buffers accepted on import),
-``weight_map`` (rows of Keras path, Transformers key, transposed), ``hf_shapes``,
+``weight_map`` (rows of Keras path, Transformers key, transposed), ``canonical_state`` (the
+form written on export), ``hf_shapes``,
 ``hf_model_kwargs``, ``hf_config`` and ``model_config_from_hf``. This module picks the map by
 ``ModelConfig.architecture`` (or ``config.json``'s ``model_type``) and does the rest once.
 """
@@ -31,7 +32,8 @@ def _map(cfg: ModelConfig) -> ModuleType:
 def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
                 where: str = "the checkpoint") -> dict[str, np.ndarray]:
     """tpulm weights (``{variable path: array}``, as :mod:`tpulm.model.weights` writes them) as a
-    Transformers state dict of float32 contiguous arrays (tied decoder tensors left out).
+    Transformers state dict of float32 contiguous arrays (tied decoder tensors left out), in the
+    architecture's canonical form (RoBERTa: the token-type row folded into the positions).
 
     Args:
         arrays: Keras variable path -> array; the leading model-name component is ignored.
@@ -52,7 +54,7 @@ def keras_to_hf(arrays: dict[str, np.ndarray], cfg: ModelConfig,
         value = np.asarray(short[keras_path], dtype=np.float32)
         state[hf_key] = np.ascontiguousarray(value.T if transpose else value)
     check_state_dict(state, cfg, where)  # shapes against the config
-    return state
+    return _map(cfg).canonical_state(state, cfg)
 
 
 def hf_to_keras(state: dict[str, np.ndarray], cfg: ModelConfig, where: str = "the checkpoint",

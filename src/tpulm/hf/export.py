@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import string
 from dataclasses import dataclass
 
-import numpy as np
-
 from tpulm import config, ownership, rundir, storage
-from tpulm.data.tokenizer import TokenizerFolder, open_folder
-from tpulm.hf import folder, hub
+from tpulm.data.tokenizer import open_folder
+from tpulm.hf import card, folder, hub
 from tpulm.hf.convert import hf_config, keras_to_hf
-from tpulm.metrics_log import read_metrics
 from tpulm.model import weights
-from tpulm.model.config import ModelConfig, run_model_config
+from tpulm.model.config import run_model_config
 from tpulm.rundir import run_checkpoint
 
 log = logging.getLogger(__name__)
@@ -79,64 +74,23 @@ def write_export(run_dir: str, out_dir: str, step: int | None = None, overwrite:
     tok = open_folder(storage.join(run_dir, rundir.TOKENIZER_DIR))
     state = keras_to_hf(weights.read(weights_path), model_cfg, weights_path)
     hf_cfg = hf_config(model_cfg, tok.special)
-    card = model_card(run_dir, step, model_cfg, state, tok, os.path.basename(out_dir.rstrip("/")),
-                      repo_id)
+    parameters = sum(v.size for v in state.values())
+    text = card.model_card(run_dir, step, hf_cfg, parameters, tok,
+                           os.path.basename(out_dir.rstrip("/")), repo_id)
     with storage.atomic_folder(out_dir, overwrite, ours=folder.EXPORT_FILES) as tmp:
         folder.save_safetensors(tmp, folder.WEIGHTS_FILE, state)
         storage.write_json(storage.join(tmp, folder.CONFIG_FILE), hf_cfg)
         folder.write_tokenizer(tok.path, tmp, model_cfg.max_positions)
-        storage.write_text(storage.join(tmp, folder.CARD_FILE), card)
+        storage.write_text(storage.join(tmp, folder.CARD_FILE), text)
         ownership.record(tmp, storage.listdir(tmp), "export")
+    _log_keras_hub(hf_cfg, out_dir)
     return step
 
 
-def _metrics_at(run_dir: str, step: int) -> tuple[dict | None, dict | None]:
-    """The last train and eval lines of ``metrics.jsonl`` at or before ``step``."""
-    path = storage.join(run_dir, rundir.METRICS_NAME)
-    last: dict[str, dict | None] = {"train": None, "eval": None}
-    for record in read_metrics(path) if storage.exists(path) else []:
-        if record["step"] <= step:
-            last[record["split"]] = record
-    return last["train"], last["eval"]
-
-
-def _evaluation_text(record: dict | None) -> str:
-    if not record:
-        return "No evaluation was recorded for this checkpoint."
-    rows = [f"| {k} | {record[k]:.4f} |" for k in ("loss", "accuracy", "perplexity") if k in record]
-    return (f"On the validation shards at step {record['step']}, over masked positions only:\n\n"
-            "| metric | value |\n|---|---|\n" + "\n".join(rows))
-
-
-def model_card(run_dir: str, step: int, model_cfg: ModelConfig, state: dict[str, np.ndarray],
-               tok: TokenizerFolder, folder_name: str, repo_id: str | None = None) -> str:
-    """The ``README.md`` model card of an export (data, tokenizer, steps, metrics, usage).
-
-    Args:
-        run_dir: the run dir being exported.
-        step: the exported checkpoint's step.
-        model_cfg: its model config.
-        state: the exported tensors (for the parameter count).
-        tok: the run's tokenizer.
-        folder_name: the export folder's name.
-        repo_id: the Hub repo id, when the export is uploaded.
-    """
-    from importlib import resources
-
-    special = tok.special
-    tokens = [tok.tokenizer.id_to_token(i) for i in special.ids]
-    train, evaluation = _metrics_at(run_dir, step)
-    settings = storage.read_text(storage.join(run_dir, rundir.CONFIG_NAME))
-    template = (resources.files("tpulm") / "templates" / "model_card.md").read_text("utf-8")
-    return string.Template(template).substitute(
-        name=repo_id or folder_name, num_layers=model_cfg.num_layers, hidden_size=model_cfg.hidden_size,
-        num_heads=model_cfg.num_heads, intermediate_size=model_cfg.intermediate_size,
-        max_positions=model_cfg.max_positions, vocab_size=model_cfg.vocab_size,
-        parameters=f"{sum(v.size for v in state.values()):,}",
-        tokenizer_kind=json.loads(tok.tokenizer.to_str())["model"]["type"],
-        tokenizer_vocab=tok.tokenizer.get_vocab_size(), special_tokens=", ".join(f"`{t}`" for t in tokens),
-        pad_id=special.pad_id, fingerprint=tok.fingerprint, step=step,
-        tokens=f"{train['tokens']:,}" if train and "tokens" in train else "not recorded",
-        training_config=settings.strip(), evaluation=_evaluation_text(evaluation),
-        model_ref=repo_id or f"path/to/{folder_name}", folder_name=folder_name,
-        mask_token=tokens[-1])
+def _log_keras_hub(hf_cfg: dict, out_dir: str) -> None:
+    """One line where keras-hub would read the export differently from Transformers."""
+    pad = hf_cfg.get("pad_token_id")
+    if hf_cfg["model_type"] == "roberta" and pad != card.KERAS_HUB_ROBERTA_PAD_ID:
+        log.info("note: keras-hub 0.32 reads %s with RoBERTa's pad id %d, not its own %d, so its "
+                 "positions differ (Transformers and tpulm read it right; see its README.md)",
+                 out_dir, card.KERAS_HUB_ROBERTA_PAD_ID, pad)

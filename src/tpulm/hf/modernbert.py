@@ -33,6 +33,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import numpy as np
+
 from tpulm import config
 from tpulm.data.tokenizer import SpecialTokens
 from tpulm.errors import TpulmError
@@ -81,6 +83,11 @@ def weight_map(cfg: ModelConfig) -> list[tuple[str, str, bool]]:
     if cfg.decoder_bias:
         rows.append(("head/decoder_bias", "decoder.bias", False))
     return rows
+
+
+def canonical_state(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The exported tensors as they are (ModernBERT has nothing to fold; see the RoBERTa map)."""
+    return state
 
 
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -26,6 +26,10 @@ lm_head/bias                                   lm_head.bias
 (tied: word_embeddings, lm_head/bias)          lm_head.decoder.weight, lm_head.decoder.bias
 =============================================  ====================================================
 
+On export the token-type row (one type: every token adds it) is folded into every position row
+and written as zeros (:func:`canonical_state`): the same function in Transformers, and readers
+without a token-type table (keras-hub's ``RobertaBackbone``) then agree with it.
+
 The tied decoder tensors are not written on export (Transformers re-ties them on load, and its
 own ``save_pretrained`` leaves them out too); on import they are accepted when they equal the
 tensors they are tied to.
@@ -35,6 +39,8 @@ from __future__ import annotations
 
 import logging
 from typing import Any
+
+import numpy as np
 
 from tpulm import config
 from tpulm.data.tokenizer import SpecialTokens
@@ -84,6 +90,28 @@ def weight_map(cfg: ModelConfig) -> list[tuple[str, str, bool]]:
     add("lm_head/layer_norm", "lm_head.layer_norm", _LAYER_NORM)
     rows.append(("lm_head/bias", "lm_head.bias", False))
     return rows
+
+
+def canonical_state(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """The exported tensors with the token-type row folded into the position table.
+
+    With one token type every token adds the same row 0, so adding it to every position row and
+    writing zeros in its place is the same function in Transformers (to float rounding). Readers
+    that have no token-type table (keras-hub's ``RobertaBackbone``) then compute what Transformers
+    does; released RoBERTa checkpoints have that row at zero too.
+
+    Args:
+        state: the Transformers state dict (float32 arrays).
+        cfg: the model config (folding needs ``type_vocab_size`` 1).
+    """
+    if cfg.type_vocab_size != 1:
+        return state
+    types, positions = (f"roberta.embeddings.{t}_embeddings.weight"
+                        for t in ("token_type", "position"))
+    folded = dict(state)
+    folded[positions] = np.ascontiguousarray(state[positions] + state[types][0])
+    folded[types] = np.zeros_like(state[types])
+    return folded
 
 
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -34,7 +34,7 @@ from tpulm.errors import TpulmError
 
 log = logging.getLogger(__name__)
 
-STAGES_DIR = "stages"
+STAGES_DIR = "stages"  # tpulm.rundir.PIPELINE_RECORDS names it too (who made a run dir)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,7 +61,8 @@ class RunConfig:
     )
     text_field: str = config.setting("text", "field holding the text in .jsonl/.parquet/datasets")
     fill_mask: tuple[str, ...] = config.setting(
-        (), "texts with [MASK] to answer at the end (default for the builtin corpus: its prompts)"
+        (), "texts to answer at the end, {mask} where the tokenizer's mask token goes (default "
+        "for the builtin corpus: its prompts)"
     )
     top_k: int = config.setting(5, "fill-mask answers per mask")
     report: bool = config.setting(True, "write report.png and report.html into the run dir")
@@ -241,11 +242,14 @@ class RunResult:
     Attributes:
         plan: the resolved config: settings, layout, stages and prompts.
         stages: each stage's result by name (None for a skipped stage).
-        answers: the fill-mask answers, one list per prompt of ``plan.prompts``.
+        prompts: the prompts of ``plan.prompts`` as answered: ``{mask}`` replaced by the
+            tokenizer's own mask token.
+        answers: the fill-mask answers, one list per prompt.
     """
 
     plan: RunPlan
     stages: dict[str, Any]
+    prompts: list[str]
     answers: list
 
 
@@ -271,11 +275,12 @@ def run(tables: Mapping[str, Mapping[str, Any]], where: str,
     resolved = plan(tables, where)
     with lock.hold(resolved.run.work_dir, "tpulm run"):
         results = execute(resolved.stages, resolved.run.work_dir, restart, overwrite)
-        answers = []
+        prompts, answers = [], []
         if resolved.prompts:
             predictor = fill_mask.load_predictor(resolved.layout.export)
-            answers = fill_mask.fill_mask(predictor, list(resolved.prompts), resolved.run.top_k)
-    return RunResult(resolved, results, answers)
+            prompts = [predictor.prompt(text) for text in resolved.prompts]
+            answers = fill_mask.fill_mask(predictor, prompts, resolved.run.top_k)
+    return RunResult(resolved, results, prompts, answers)
 
 
 def outputs_summary(resolved: RunPlan) -> str:

@@ -115,6 +115,16 @@ class TrainConfig:
         config.check_at_least(self, 0, "seed")
 
 
+# Settings a run can change when it continues without changing what it trains on or how: the
+# length, logging, placement and where things are. A change of any other one is named when a
+# run continues (its steps so far were trained with the recorded value).
+BOOKKEEPING = frozenset({
+    "train_data", "eval_data", "tokenizer", "run_dir", "model", "epochs", "max_steps",
+    "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "progress", "jit_compile",
+    "steps_per_execution", "peak_tflops", "push_to_hub", "backend", "mesh", "tpu", "tpu_zone",
+    "gcp_project", "deterministic"})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainResult:
     """What a training run did.
@@ -125,8 +135,9 @@ class TrainResult:
         steps_this_session: steps done by this call.
         tokens: token positions trained on in total (batch x sequence length x steps).
         wall_time: seconds this call took.
-        tokens_per_second: training throughput of this call, evaluation and saving excluded,
-            measured after the first segment (compilation) when there are several.
+        tokens_per_second: training throughput of this call, evaluation and saving excluded:
+            the mean of its train lines' tokens/s after the first (which includes the
+            compilation), the figure ``tpulm report`` shows for a run of one call.
         mfu: model FLOPs utilisation estimate, against ``peak_flops``.
         peak_flops: the peak used for ``mfu`` (FLOP/s, all replicas).
         eval: last evaluation (``loss``, ``accuracy``, ``perplexity``), or None.

@@ -56,7 +56,12 @@ class Trainer:
                 init_from.copy_weights(self.model, cfg.init_from)
         state = state or {"step": 0}  # no checkpoint: a fresh run
         self.start = int(state["step"])
-        if run.writer:
+        # Tokens trained before this session, as counted then (the batch size may have changed).
+        self.start_tokens = int(state.get("tokens", self.start * run.tokens_per_step))
+        self.complete = self.start >= run.total_steps
+        if self.start and not self.complete:
+            preflight.say_changed_settings(cfg, self.start)
+        if run.writer and not self.complete:  # a finished run keeps the config it trained with
             preflight.prepare_run_dir(cfg.run_dir, run.tokenizer_dir,
                                       {"model": as_table(run.model_cfg), "train": as_table(cfg)})
         self.log = MetricsLog(cfg.run_dir, self.start, float(state.get("time", 0.0)), run.writer)
@@ -73,6 +78,7 @@ class Trainer:
         self.last_checkpoint: str | None = None
         self.eval_ds = None  # made by the first fit call, or on demand by a final-only evaluation
         self.marks: list[tuple[float, int]] = []  # (training clock, step) at each segment end
+        self.rates: list[float] = []  # tokens/s of each train line of this session
         self.overhead = 0.0  # seconds spent in hooks (evaluations, saves), off the training clock
 
     def _schedule(self) -> Hooks:
@@ -117,10 +123,17 @@ class Trainer:
             raise self._corrupt_data(err) from None
         except NonFiniteLoss as err:
             raise self._diverged(err.step) from None
-        if self.start >= run.total_steps and run.eval_set is not None:
-            # nothing left to train: report the state, without a second eval line
-            self.last_eval = self._evaluate(self.start, record=False)
+        if self.complete:  # nothing trained: report the state as recorded, append nothing
+            recorded = self.log.last("eval")
+            self.last_eval = {k: recorded[k] for k in ("loss", "accuracy", "perplexity")
+                              if k in recorded} if recorded else None
+            if recorded is None and run.eval_set is not None:
+                self._evaluate(self.start)  # a finished run never evaluated: do it once
         return self._summary(self._tokens_per_second(fit_started))
+
+    def _tokens(self, step: int) -> int:
+        """Token positions trained on by ``step``: earlier sessions' count, then this one's."""
+        return self.start_tokens + (step - self.start) * self.run.tokens_per_step
 
     def _run_calls(self) -> None:
         """One ``model.fit`` per entry of ``config.fit_calls``; each Keras epoch is a segment."""
@@ -183,11 +196,12 @@ class Trainer:
             return
         if not math.isfinite(float(logs["loss"])):
             raise NonFiniteLoss(step)
-        self.log.write("train", step, step * self.run.tokens_per_step, {
+        self.log.write("train", step, self._tokens(step), {
             "loss": logs["loss"], "accuracy": logs.get("accuracy", float("nan")),
             "learning_rate": self.lr.at(step - 1),
             "tokens_per_second": self.monitor.tokens_per_second,
         })
+        self.rates.append(self.monitor.tokens_per_second)
 
     def _evaluate(self, step: int, logs: dict | None = None,
                   record: bool = True) -> dict[str, float]:
@@ -200,7 +214,7 @@ class Trainer:
         values = {"loss": loss, "accuracy": float(result["accuracy"]),
                   "perplexity": math.exp(min(loss, 700.0))}
         if record:
-            self.log.write("eval", step, step * self.run.tokens_per_step, values)
+            self.log.write("eval", step, self._tokens(step), values)
         log.info("eval at step %d: loss %.4f, accuracy %.4f, perplexity %.2f",
                  step, values["loss"], values["accuracy"], values["perplexity"])
         self.last_eval = values
@@ -216,7 +230,7 @@ class Trainer:
         state = {
             "step": step,
             "data_position": step * run.cfg.gradient_accumulation,  # batches each pipeline read
-            "tokens": step * run.tokens_per_step,
+            "tokens": self._tokens(step),
             "time": round(self.log.elapsed(), 3),
             "seed": run.cfg.seed,
             "total_steps": run.total_steps,
@@ -272,7 +286,11 @@ class Trainer:
         )
 
     def _tokens_per_second(self, fit_started: float) -> float:
-        """Steady throughput: after the first segment (which includes compilation) if possible."""
+        """Steady throughput: the mean of this session's train lines after the first (which
+        includes compilation), as ``tpulm report`` reads them back, so both say one number."""
+        if self.rates:
+            steady = self.rates[1:] or self.rates
+            return sum(steady) / len(steady)
         marks = [m for m in self.marks if m[1] > self.start]
         if len(marks) >= 2:
             (t0, s0), (t1, s1) = marks[0], marks[-1]
@@ -285,17 +303,20 @@ class Trainer:
     def _summary(self, tps: float) -> TrainResult:
         run, cfg = self.run, self.run.cfg
         steps = max(run.total_steps - self.start, 0)
+        step = max(run.total_steps, self.start)  # a finished run stays at its own last step
         seq_flops = flops.train_flops_per_sequence(
             run.model_cfg, run.train_set.max_length, run.masker.num_predictions)
         achieved = tps / run.train_set.max_length * seq_flops
         peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else run.strategy.peak_flops()
         latest = rundir.latest_checkpoint(cfg.run_dir)
         result = TrainResult(
-            run_dir=cfg.run_dir, step=run.total_steps, steps_this_session=steps,
-            tokens=run.total_steps * run.tokens_per_step, wall_time=time.monotonic() - self.started,
+            run_dir=cfg.run_dir, step=step, steps_this_session=steps,
+            tokens=self._tokens(step), wall_time=time.monotonic() - self.started,
             tokens_per_second=tps, mfu=achieved / peak if peak else 0.0, peak_flops=peak,
             eval=self.last_eval, checkpoint=latest[1] if latest else None,
         )
+        if not steps:  # a finished run: "is complete at step N" said it all
+            return result
         log.info(
             "done: step %d (%d this session), %d tokens, %.1f s, %.0f tokens/s, MFU %.1f%% "
             "of %.1f GFLOP/s%s", result.step, steps, result.tokens, result.wall_time, tps,

@@ -189,3 +189,31 @@ def prepare_run_dir(run_dir: str, tokenizer_dir: str, tables: dict[str, dict]) -
                 written.append(f"{rundir.TOKENIZER_DIR}/{name}")
     storage.write_text(storage.join(run_dir, rundir.CONFIG_NAME), config.to_toml(tables))
     ownership.record(run_dir, written, "train")
+
+
+def changed_settings(cfg, run_dir: str) -> list[tuple[str, Any, Any]]:
+    """``(name, recorded, now)`` for each ``[train]`` setting that differs from the run's
+    ``config.toml`` and changes what is trained (not ``config.BOOKKEEPING``).
+
+    Args:
+        cfg: the ``TrainConfig`` about to continue the run.
+        run_dir: the run dir (its ``config.toml`` may be missing: nothing to compare).
+    """
+    from tpulm.training.config import BOOKKEEPING
+
+    path = storage.join(run_dir, rundir.CONFIG_NAME)
+    saved = config.load_toml(path).get("train", {}) if storage.exists(path) else {}
+    now = config.as_table(cfg)
+    if not saved:
+        return []
+    return [(name, saved.get(name), now.get(name)) for name in sorted({*saved, *now})
+            if name not in BOOKKEEPING and saved.get(name) != now.get(name)]
+
+
+def say_changed_settings(cfg, step: int) -> None:
+    """Warn, naming each one, when a run continues with other training settings than it had."""
+    changed = changed_settings(cfg, cfg.run_dir)
+    if changed:
+        log.warning("continuing %s from step %d with other settings than it was trained with: "
+                    "%s (config.toml records the new values)", cfg.run_dir, step,
+                    ", ".join(f"{name} {old!r} -> {new!r}" for name, old, new in changed))

@@ -120,6 +120,12 @@ class _Entry:
     build: Callable[[Placement], object]  # a tf.distribute strategy, or a ready Strategy (JAX)
 
 
+def first_line(err: Exception) -> str:
+    """The first line of an error: TensorFlow's go on with kernel registries and graph nodes."""
+    text = getattr(err, "message", None) or str(err)
+    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
+
+
 def _tpu(placement: Placement):
     import tensorflow as tf
 
@@ -131,7 +137,8 @@ def _tpu(placement: Placement):
         tf.tpu.experimental.initialize_tpu_system(resolver)
     except (ValueError, tf.errors.OpError) as err:
         raise TpulmError(
-            f"cannot reach TPU {placement.tpu!r} (--tpu, --tpu-zone, --gcp-project): {err}"
+            f"cannot reach TPU {placement.tpu!r} (--tpu, --tpu-zone, --gcp-project): "
+            f"{first_line(err)}"
         ) from None
     return TFStrategy(tf.distribute.TPUStrategy(resolver), "tpu")
 
