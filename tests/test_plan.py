@@ -28,6 +28,7 @@ ENV = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPAT
 # the compiler's FLOPs; at 128 the matmuls flops.py counts dominate, as in real models (8.6%
 # more than flops.py counts). One block: it compiles in 2/3 of the time of three.
 WIDE = {"hidden_size": 128, "intermediate_size": 256, "num_layers": 1}
+LOCAL = {**WIDE, "num_layers": 2, "local_attention": 64}
 BASE = {"topology": "v5litepod-4", "max_length": 128, "vocab_size": 1000}
 TRAIN = {"model": "modernbert-tiny", "batch_size": 16, "precision": "mixed_bfloat16"}
 CASES = {
@@ -35,6 +36,10 @@ CASES = {
     "v5e_batch_256": (BASE, {**TRAIN, "batch_size": 256}, WIDE),
     "v5e_model_axis": (BASE, {**TRAIN, "mesh": "data=2,model=2"}, WIDE),
     "v4": ({**BASE, "topology": "v4-8"}, {"model": "tiny", "batch_size": 16}, {"num_layers": 1}),
+    # a global and a 64-token sliding-window layer at 512 tokens: splash on TPU, and the reference
+    "v5e_splash": ({**BASE, "max_length": 512}, {**TRAIN, "batch_size": 4}, LOCAL),
+    "v5e_dense": ({**BASE, "max_length": 512}, {**TRAIN, "batch_size": 4, "attention": "dense"},
+                  LOCAL),
 }
 PLAN_CASES = """
 import json, sys
@@ -106,6 +111,24 @@ def test_compiles_for_v5e_and_v4(plans):
 def test_compiler_flops_agree_with_flops_py(plans):
     plan = plans["v5e"]
     assert plan["flops_per_step"] == pytest.approx(plan["model_flops_per_step"], rel=0.15)
+
+
+def test_splash_attention_is_compiled_and_its_flops_are_counted(plans):
+    from tpulm import config
+    from tpulm.model.config import ModelConfig, load_model_preset
+    from tpulm.training import flops
+
+    auto, dense = plans["v5e_splash"], plans["v5e_dense"]
+    model_cfg = config.resolve(ModelConfig, table={**load_model_preset("modernbert-tiny"), **LOCAL},
+                               vocab_size=1000)
+    rows = 4  # per chip: 4-way data parallel, 4 rows each
+    skipped = (flops.attention_flops(model_cfg, 512, rows, sparse=False)
+               - flops.attention_flops(model_cfg, 512, rows, sparse=True, block=128))
+    assert skipped > 0
+    # The compiler counts 0 FLOPs inside the Mosaic kernel; the plan adds the tiles it computes,
+    # so the splash step costs the dense one less exactly the tiles the window skips.
+    assert auto["flops_per_step"] == pytest.approx(dense["flops_per_step"] - skipped, rel=0.05)
+    assert auto["fits"] and dense["fits"]
 
 
 def test_temporaries_grow_with_the_per_chip_batch(plans):

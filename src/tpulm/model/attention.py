@@ -23,6 +23,7 @@ the splash and cuDNN paths import JAX inside themselves.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -335,7 +336,23 @@ AUTO_PATHS = {
 MODES = ATTENTION_MODES
 
 
+_TARGET_PLATFORM: list[str] = []  # set by target_platform(): the platform being compiled for
+
+
+@contextlib.contextmanager
+def target_platform(platform: str):
+    """Trace for ``platform`` rather than this host's devices: ``tpulm plan`` lowers the train
+    step for a TPU from a CPU host, and must lower the path a TPU would take (splash)."""
+    _TARGET_PLATFORM.append(platform)
+    try:
+        yield
+    finally:
+        _TARGET_PLATFORM.pop()
+
+
 def _jax_platform() -> str:
+    if _TARGET_PLATFORM:
+        return _TARGET_PLATFORM[-1]
     import jax
 
     return jax.devices()[0].platform

@@ -277,6 +277,10 @@ def state_structs(model, mesh) -> tuple:
 def compile_step(model, mesh, state: tuple, batch: tuple):
     """Lower and compile Keras' ``train_step`` for ``mesh`` as ``make_train_function`` jits it.
 
+    Returns:
+        ``(compiled, kernel)``: the compiled step, and whether it calls a Mosaic kernel (splash
+        attention), whose FLOPs the compiler's ``cost_analysis()`` leaves out.
+
     Raises:
         _Refused: the TPU compiler ran out of HBM.
     """
@@ -285,15 +289,33 @@ def compile_step(model, mesh, state: tuple, batch: tuple):
     data = jax.tree.unflatten(jax.tree.structure(batch), _on_rows(batch, mesh))
     state_shardings = jax.tree.map(lambda s: s.sharding, state)
     step = jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, state_shardings))
-    lowered = step.lower(state, data)
+    with _on_tpu(mesh):
+        lowered = step.lower(state, data)
+    kernel = "tpu_custom_call" in lowered.as_text()
     try:
         with _quiet_fd2():
-            return lowered.compile()
+            return lowered.compile(), kernel
     except Exception as err:  # XlaRuntimeError: RESOURCE_EXHAUSTED names both figures
         found = _refusal(str(err))
         if found is None:
             raise
         raise _Refused(*found) from None
+
+
+@contextlib.contextmanager
+def _on_tpu(mesh):
+    """Trace as the TPU run does: attention takes its TPU path (splash, a Mosaic kernel run per
+    device under ``shard_map`` over the Keras mesh), here the TPU mesh being compiled for."""
+    import keras
+
+    from tpulm.model import attention
+
+    device_mesh = keras.distribution.DeviceMesh(mesh.devices.shape, AXES, devices=mesh.devices)
+    distribution = keras.distribution.ModelParallel(
+        layout_map=keras.distribution.LayoutMap(device_mesh),
+        batch_dim_name=jax_mesh.DATA_AXIS, auto_shard_dataset=False)
+    with attention.target_platform("tpu"), distribution.scope():
+        yield
 
 
 def _refusal(message: str) -> tuple[float, float] | None:
@@ -354,7 +376,7 @@ def measure(model_cfg, train: TrainConfig, topology: Topology, devices: list, ba
         state = state_structs(model, mesh)
         sizes = dict(parameters=sharded_bytes(state[:2] + state[3:]),
                      optimizer=sharded_bytes(state[2]), batch=sharded_bytes(_on_rows(batch, mesh)))
-        compiled = compile_step(model, mesh, state, batch)
+        compiled, kernel = compile_step(model, mesh, state, batch)
     except _Refused as refused:  # it names the temporaries; the state and batch come on top
         held = sizes["parameters"] + sizes["optimizer"] + sizes["batch"]
         return StepMeasure(**sizes, temp=refused.need, needed=refused.need + held,
@@ -368,9 +390,19 @@ def measure(model_cfg, train: TrainConfig, topology: Topology, devices: list, ba
     needed = (memory.argument_size_in_bytes + memory.output_size_in_bytes
               - memory.alias_size_in_bytes + memory.temp_size_in_bytes
               + memory.generated_code_size_in_bytes)
+    step_flops = float(cost.get("flops", 0.0))
+    if kernel:
+        step_flops += _kernel_flops(model_cfg, train, length, model_parallel)
     return StepMeasure(**sizes, temp=float(memory.temp_size_in_bytes), needed=float(needed),
-                       capacity=None, flops=float(cost.get("flops", 0.0)),
+                       capacity=None, flops=step_flops,
                        bytes_accessed=float(cost.get("bytes accessed", 0.0)))
+
+
+def _kernel_flops(model_cfg, train: TrainConfig, length: int, model_parallel: int) -> float:
+    """Attention FLOPs per chip inside the splash kernel, which ``cost_analysis()`` counts as 0:
+    whole 128 x 128 tiles within each layer's reach, for the chip's rows and its share of heads."""
+    per_replica = flops.attention_flops(model_cfg, length, train.batch_size, sparse=True, block=128)
+    return per_replica / model_parallel  # one compiled step is one micro-batch
 
 
 def _on_rows(batch: tuple, mesh) -> list:
