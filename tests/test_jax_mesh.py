@@ -128,4 +128,5 @@ def test_train_command_offers_backend_and_mesh(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "--backend BACKEND Keras backend, tensorflow or jax" in text and "--mesh MESH" in text
+    assert "--backend {tensorflow,jax} Keras backend, tensorflow or jax" in text
+    assert "--mesh MESH" in text
