@@ -196,6 +196,14 @@ def test_cli_prepare_to_unreachable_bucket_fails_before_tokenizing(tmp_path):
     assert_one_line_error(done, f"--output {UNREACHABLE}")
 
 
+def test_cli_run_in_an_unreachable_work_dir_is_one_line_before_any_stage(tmp_path):
+    start = time.monotonic()
+    done = run_cli("run", "--work-dir", UNREACHABLE,
+                   env={"GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "no-credentials.json")})
+    assert time.monotonic() - start < 60
+    assert_one_line_error(done, f"--work-dir) {UNREACHABLE}")
+
+
 def test_read_only_output_says_read_only(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root writes to read-only folders")
@@ -231,7 +239,8 @@ def test_output_symlink_is_followed_and_stays_a_link(tmp_path):
                                     unk_rate_samples=1)
     tokenizer.run(cfg)
     assert link.is_symlink() and os.readlink(link) == str(target)
-    assert sorted(p.name for p in target.iterdir()) == sorted(tokenizer.FOLDER_FILES)
+    # the tokenizer's files, and the record of what tpulm wrote (tpulm.ownership)
+    assert sorted(p.name for p in target.iterdir()) == sorted([*tokenizer.FOLDER_FILES, storage.WRITTEN_RECORD])
     tokenizer.run(dataclass_replace(cfg, overwrite=True))  # replacing it keeps the link too
     assert link.is_symlink() and (target / tokenizer.TOKENIZER_FILE).exists()
     assert [p.name for p in tmp_path.iterdir() if storage.is_temporary(p.name)] == []

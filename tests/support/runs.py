@@ -9,6 +9,7 @@ TINY_BUDGET = [
     "tokenizer.vocab_size=2000",
     "data.shard_size=200",
     'train.model="tiny"',
+    'train.jit_compile="false"',  # seconds of XLA:CPU compiles per run; XLA is tested elsewhere
     "train.batch_size=8",
     "train.log_every=2",
     "train.eval_every=6",

@@ -273,6 +273,8 @@ def run(tables: Mapping[str, Mapping[str, Any]], where: str,
     from tpulm import fill_mask
 
     resolved = plan(tables, where)
+    # A gs:// work dir without network or credentials: one line now, not a traceback later.
+    storage.check_reachable(resolved.run.work_dir, "[run] work_dir (--work-dir)", write=True)
     with lock.hold(resolved.run.work_dir, "tpulm run"):
         results = execute(resolved.stages, resolved.run.work_dir, restart, overwrite)
         prompts, answers = [], []

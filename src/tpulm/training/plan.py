@@ -486,7 +486,8 @@ def _result(plan, train, topology, model_cfg, step: StepMeasure, fits, suggestio
 
 def _suggestions(model_cfg, train, topology, devices, length, step: StepMeasure, data,
                  model_parallel) -> list[str]:
-    """What to change when the step does not fit: a batch estimate, a model axis, a bigger chip.
+    """What to change when the step does not fit: a batch estimate, remat, sparse attention, a
+    model axis, a bigger chip.
 
     The largest batch is estimated from the temporaries' growth: one more compile at batch 1,
     then a straight line through the two requirements (activations grow linearly with rows).
@@ -502,6 +503,11 @@ def _suggestions(model_cfg, train, topology, devices, length, step: StepMeasure,
             accumulate = -(-train.batch_size * train.gradient_accumulation // rows)
             out.append(f"--batch-size {rows} (estimated from the growth of temporaries; "
                        f"--gradient-accumulation {accumulate} keeps about the same global batch)")
+    if train.remat != "block" and train.remat != "full":
+        out.append("--remat block (each transformer block's activations recomputed in the "
+                   "backward pass instead of kept)")
+    if train.attention == "dense":
+        out.append("--attention auto (splash attention: no (seq, seq) scores in HBM)")
     if model_parallel * 2 <= topology.chips and _divides(model_cfg, model_parallel * 2):
         out.append(f"--mesh data={max(data // 2, 1)},model={model_parallel * 2} (weights, "
                    "optimizer state and their gradients split over twice as many chips)")
