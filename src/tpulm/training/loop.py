@@ -203,18 +203,15 @@ class Trainer:
         })
         self.rates.append(self.monitor.tokens_per_second)
 
-    def _evaluate(self, step: int, logs: dict | None = None,
-                  record: bool = True) -> dict[str, float]:
-        """An ``eval`` line over the whole validation split; written to metrics.jsonl only when
-        ``record`` (a finished run that is only reported on already has its line)."""
+    def _evaluate(self, step: int, logs: dict | None = None) -> dict[str, float]:
+        """An ``eval`` line over the whole validation split."""
         if self.eval_ds is None:
             _, self.eval_ds = self._datasets(0)
         result = self.model.evaluate(self.eval_ds, verbose=0, return_dict=True)
         loss = float(result["token_loss"])
         values = {"loss": loss, "accuracy": float(result["accuracy"]),
                   "perplexity": math.exp(min(loss, 700.0))}
-        if record:
-            self.log.write("eval", step, self._tokens(step), values)
+        self.log.write("eval", step, self._tokens(step), values)
         log.info("eval at step %d: loss %.4f, accuracy %.4f, perplexity %.2f",
                  step, values["loss"], values["accuracy"], values["perplexity"])
         self.last_eval = values
