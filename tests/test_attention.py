@@ -1,10 +1,12 @@
 """Attention paths against the dense reference (tpulm.model.attention), fp32, outputs and gradients.
 
 * The dense path is the masked softmax the networks compute (checked against numpy loops).
-* TensorFlow: the blocked sliding window equals dense (eager, graph and XLA) for padding,
-  documents, lengths that are not a multiple of the block and windows wider than a block.
-* JAX (one subprocess): blocked and splash (Pallas interpret mode, alone and under a Keras
-  ModelParallel mesh through shard_map) equal dense; on CPU ``auto`` picks dense and blocked.
+* TensorFlow: the blocked sliding window and the chunked global path (its hand-written backward
+  pass) equal dense (eager, graph and XLA) for padding, documents, lengths that are not a
+  multiple of the block and windows wider than a block.
+* JAX (one subprocess): blocked, chunked and splash (Pallas interpret mode, alone and under a
+  Keras ModelParallel mesh through shard_map) equal dense; on CPU ``auto`` picks chunked and
+  blocked.
 * The registry: which path each backend and platform gets; unknown modes are user errors.
 * With ``-m slow`` and libtpu: splash compiles for a v5e slice ahead of time (Mosaic, sharded).
 """
@@ -109,6 +111,37 @@ def test_blocked_local_equals_dense_in_tf_function(jit_compile):
     _assert_matches(fn, _dense(c, 128), c)
 
 
+def _chunked(c: dict, block: int):
+    return lambda q, k, v: attention.chunked_attention(
+        q, k, v, c["attention_mask"], c["segment_ids"], scale=SCALE, block=block)
+
+
+@pytest.mark.parametrize("seq, block, padding, documents", [
+    (256, 64, False, False),  # a multiple of the chunk
+    (200, 64, True, False),  # padding, a last chunk of 8 queries
+    (200, 64, True, True),  # documents
+    (200, 512, True, True),  # one chunk longer than the sequence
+])
+def test_chunked_global_equals_dense(seq, block, padding, documents):
+    c = case(seq, padding=padding, documents=documents)
+    _assert_matches(_chunked(c, block), _dense(c, None), c)
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
+def test_chunked_global_equals_dense_in_tf_function(jit_compile):
+    c = case(200, padding=True, documents=True)
+    fn = tf.function(_chunked(c, 64), jit_compile=jit_compile)
+    _assert_matches(fn, _dense(c, None), c)
+
+
+def test_chunked_global_keeps_a_row_of_padding_finite():
+    """A row that is all padding attends only masked keys: finite outputs and gradients."""
+    c = case(64, padding=True, documents=False)
+    c["attention_mask"][1] = 0
+    out, grads = _output_and_grads(_chunked(c, 16), c)
+    assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
+
+
 @pytest.mark.parametrize("seq", [200, None], ids=["static-length", "unknown-length"])
 def test_attend_in_graph_with_unknown_batch(seq):
     """Keras traces with an unknown batch; with an unknown length the window stays dense."""
@@ -123,8 +156,8 @@ def test_attend_in_graph_with_unknown_batch(seq):
 
 @pytest.mark.parametrize("window", [None, 128, 64, 512])
 def test_attend_auto_equals_attend_dense(window):
-    """Globals stay dense on TensorFlow, windows go blocked, a window spanning the whole sequence
-    is a global layer."""
+    """Globals go chunked on TensorFlow, windows blocked, a window spanning the whole sequence is
+    a global layer."""
     c = case(200, padding=True, documents=True)
     kwargs = dict(attention_mask=c["attention_mask"], segment_ids=c["segment_ids"],
                   window=window, scale=SCALE)
@@ -141,11 +174,12 @@ def test_attend_dense_mode_is_the_reference_exactly():
 
 
 def test_registry_picks_paths_by_backend_and_platform():
-    dense, blocked = attention._dense, attention._blocked
+    chunked, blocked = attention._chunked, attention._blocked
     picks = {key: attention.select_paths("auto", *key) for key in (
         ("tensorflow", None), ("jax", "cpu"), ("jax", "gpu"), ("jax", "tpu"))}
-    assert (picks["tensorflow", None].global_, picks["tensorflow", None].local) == (dense, blocked)
-    assert (picks["jax", "cpu"].global_, picks["jax", "cpu"].local) == (dense, blocked)
+    assert (picks["tensorflow", None].global_, picks["tensorflow", None].local) == (chunked,
+                                                                                  blocked)
+    assert (picks["jax", "cpu"].global_, picks["jax", "cpu"].local) == (chunked, blocked)
     assert (picks["jax", "gpu"].global_, picks["jax", "gpu"].local) == (attention._cudnn, blocked)
     assert picks["jax", "tpu"].global_ is picks["jax", "tpu"].local is attention._splash
     assert attention.select_paths("dense", "jax", "tpu") is attention.DENSE
@@ -180,7 +214,8 @@ def jax_results(tmp_path_factory) -> dict:
     return _run_jax_worker(tmp_path_factory.mktemp("attention_jax") / "results.json")
 
 
-@pytest.mark.parametrize("check", ["blocked_local", "splash_local", "splash_global",
+@pytest.mark.parametrize("check", ["blocked_local", "chunked_global", "chunked_documents",
+                                   "splash_local", "splash_global",
                                    "splash_sharded", "auto_on_cpu"])
 def test_jax_paths_equal_dense(jax_results, check):
     result = jax_results[check]
@@ -194,9 +229,10 @@ def test_jax_splash_runs_under_the_keras_mesh(jax_results):
     assert (result["batch_axis"], result["head_axis"]) == ("data", "model")
 
 
-def test_jax_auto_on_cpu_is_dense_global_and_blocked_local(jax_results):
+def test_jax_auto_on_cpu_is_chunked_global_and_blocked_local(jax_results):
     result = jax_results["auto_on_cpu"]
-    assert (result["platform"], result["global"], result["local"]) == ("cpu", "_dense", "_blocked")
+    assert (result["platform"], result["global"], result["local"]) == ("cpu", "_chunked",
+                                                                       "_blocked")
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ as ``"dense"`` (the masked reference), and ``remat`` changes memory, not values.
 
 * TensorFlow: a tiny ModernBERT (one global, two sliding-window layers taking the blocked path at
   a length that is not a multiple of its block) with padding and packed documents: logits at real
-  positions and every weight gradient within 1e-5 of dense, fp32; RoBERTa likewise.
+  positions and every weight gradient within 1e-5 of dense, fp32 (gradients larger than 1 in
+  units of their largest entry); RoBERTa likewise.
 * remat none / block / full: equal loss and gradients (eager and XLA).
 * JAX (one subprocess): auto, remat and both against dense through ``stateless_call`` and
   ``jax.grad`` (gradients relative to the largest: XLA fuses rematerialized blocks differently).
@@ -59,7 +60,14 @@ def _max_differences(model, reference, inputs: dict, jit: bool = False) -> tuple
     ref_logits, _, ref_grads = _logits_and_grads(reference, inputs, weights, jit)
     real = inputs["attention_mask"].astype(bool)
     return (float(np.abs(logits - ref_logits)[real].max()),
-            max(float(np.abs(a - b).max()) for a, b in zip(grads, ref_grads)))
+            max(_gradient_difference(a, b) for a, b in zip(grads, ref_grads)))
+
+
+def _gradient_difference(grad: np.ndarray, reference: np.ndarray) -> float:
+    """Largest absolute difference, in units of the reference's largest entry where that exceeds
+    1: the head's gradients reach ~300 here, where one float32 step is 3e-5, so an absolute 1e-5
+    would demand bit-equal sums; below 1 it is the absolute difference."""
+    return float(np.abs(grad - reference).max()) / max(1.0, float(np.abs(reference).max()))
 
 
 @pytest.fixture(scope="module")
