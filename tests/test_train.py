@@ -270,11 +270,15 @@ def test_an_existing_run_says_complete_or_continues_as_recorded(tmp_path, corpus
     assert (shorter.step, shorter.steps_this_session, shorter.tokens) == (4, 0, 4 * 8 * 32)
     assert shorter.eval == first.eval  # as recorded: no second evaluation, no line appended
     assert {name: (run_dir / name).read_text() for name in files} == files
-    assert any("is complete at step 4 (of 2)" in r.getMessage() for r in caplog.records)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("is complete at step 4 (of 2)" in m for m in said)
+    assert not any("resuming" in m for m in said), said  # a finished run resumes nothing
     caplog.clear()
     longer = run(TrainConfig(**{**QUICK, "batch_size": 16}, **paths, max_steps=6))
     assert (longer.step, longer.tokens) == (6, 4 * 8 * 32 + 2 * 16 * 32)
     assert [r["tokens"] for r in _metrics(run_dir) if r["step"] == 6] == [longer.tokens] * 2
+    assert any(f"resuming from {run_dir}" in r.getMessage() and "(step 4)" in r.getMessage()
+               for r in caplog.records)
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("from step 4 with other settings" in m and "batch_size 8 -> 16" in m
                for m in warned), warned

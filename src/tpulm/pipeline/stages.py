@@ -14,9 +14,9 @@ dir::
 
 Each stage's settings are its table, resolved; the engine skips, resumes or reruns stages by them.
 The train stage is precious: its checkpoints are never removed unless the user asks
-(``--restart train``); a change of settings training can continue with (``CONTINUABLE_TRAIN``:
-more steps, other logging) continues from the latest checkpoint, any other change stops before
-anything is touched. Nothing here prints: :func:`run` returns the results and the CLI shows them.
+(``--restart train``); a change of settings training can continue with
+(``tpulm.training.config.CONTINUABLE``: more steps, other logging or placement) continues from
+the latest checkpoint, any other change stops before anything is touched. Nothing here prints: :func:`run` returns the results and the CLI shows them.
 """
 
 from __future__ import annotations
@@ -34,14 +34,6 @@ from tpulm.pipeline.engine import Stage, execute
 log = logging.getLogger(__name__)
 
 CORPUS_CHOICES = ("builtin", "files", "dataset")
-# [train] settings a run can change and continue from its latest checkpoint (more steps, other
-# logging or placement); any other change to the train stage needs --restart train.
-CONTINUABLE_TRAIN = frozenset(f"train.{name}" for name in (
-    "max_steps", "epochs", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
-    "progress", "jit_compile", "steps_per_execution", "peak_tflops", "push_to_hub", "backend",
-    "deterministic"))
-
-
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """Settings of ``tpulm run`` (TOML table ``[run]``); the stages read their own tables."""
@@ -188,7 +180,11 @@ def wire(run: RunConfig, layout: Layout, cfg: StageSettings) -> list[Stage]:
     from tpulm.data import builtin_corpus, prepare, tokenizer
     from tpulm.evaluate import run as evaluate
     from tpulm.hf import export
+    from tpulm.training.config import CONTINUABLE
 
+    # [train] settings a run can change and continue from its latest checkpoint; any other
+    # change to the train stage needs --restart train.
+    continuable = frozenset(f"train.{name}" for name in CONTINUABLE)
     builtin = run.corpus == "builtin"
     stages = [Stage("corpus", lambda: builtin_corpus.write_demo_corpus(layout.corpus),
                     {"python": sys.version}, (layout.corpus,))] if builtin else []
@@ -199,7 +195,7 @@ def wire(run: RunConfig, layout: Layout, cfg: StageSettings) -> list[Stage]:
               ("tokenizer",)),
         Stage("train", lambda: training.run(cfg.train, cfg.model),
               {"train": config.as_table(cfg.train), "model": cfg.model}, (layout.run,),
-              ("data",), precious=True, continuable=CONTINUABLE_TRAIN),
+              ("data",), precious=True, continuable=continuable),
         Stage("export", lambda: export.write_export(layout.run, layout.export, overwrite=True),
               {}, (layout.export,), ("train",)),
     ]

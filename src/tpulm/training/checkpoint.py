@@ -181,8 +181,8 @@ def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
         writer: this process writes the run dir's shared files (the chief).
 
     Returns:
-        The saved ``state.json`` (``{"step": 0}`` for weights-only checkpoints), or None when
-        the run dir has no checkpoint.
+        The saved ``state.json`` with the folder under ``"checkpoint"`` (``{"step": 0}`` for
+        weights-only checkpoints), or None when the run dir has no checkpoint.
 
     Raises:
         TpulmError: there are checkpoints but none is complete.
@@ -199,9 +199,7 @@ def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
     weights.load(
         training_state_variables(model, optimizer), storage.join(folder, rundir.OPTIMIZER_WEIGHTS)
     )
-    state = storage.read_json(state_path)
-    log.info("resuming from %s (step %d)", folder, step)
-    return state
+    return {**storage.read_json(state_path), "checkpoint": folder}
 
 
 def last_good(run_dir: str, before: int) -> tuple[str, float] | None:

@@ -115,14 +115,15 @@ class TrainConfig:
         config.check_at_least(self, 0, "seed")
 
 
-# Settings a run can change when it continues without changing what it trains on or how: the
-# length, logging, placement and where things are. A change of any other one is named when a
-# run continues (its steps so far were trained with the recorded value).
-BOOKKEEPING = frozenset({
-    "train_data", "eval_data", "tokenizer", "run_dir", "model", "epochs", "max_steps",
-    "log_every", "eval_every", "checkpoint_every", "keep_checkpoints", "progress", "jit_compile",
-    "steps_per_execution", "peak_tflops", "push_to_hub", "backend", "mesh", "tpu", "tpu_zone",
-    "gcp_project", "deterministic"})
+# Settings a run continues with when they change: its length, logging, placement. Its steps so
+# far stay valid, so `tpulm train` says nothing and `tpulm run` continues without --restart train.
+CONTINUABLE = frozenset({
+    "epochs", "max_steps", "log_every", "eval_every", "checkpoint_every", "keep_checkpoints",
+    "progress", "jit_compile", "steps_per_execution", "peak_tflops", "push_to_hub", "backend",
+    "mesh", "tpu", "tpu_zone", "gcp_project", "deterministic"})
+# ... and where things are (a different --model is refused on its own). A change of any other
+# setting is named when a run continues: its steps so far were trained with the recorded value.
+BOOKKEEPING = CONTINUABLE | {"train_data", "eval_data", "tokenizer", "run_dir", "model"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -65,7 +65,7 @@ class Trainer:
             preflight.prepare_run_dir(cfg.run_dir, run.tokenizer_dir,
                                       {"model": as_table(run.model_cfg), "train": as_table(cfg)})
         self.log = MetricsLog(cfg.run_dir, self.start, float(state.get("time", 0.0)), run.writer)
-        self._say_where_it_stands(state.get("total_steps"))
+        self._say_where_it_stands(state)
         self.calls = fit_calls(self.start, run.total_steps, run.segment)
         setup.compile_for_training(
             self.model, self.optimizer, cfg, run.strategy,
@@ -238,15 +238,21 @@ class Trainer:
 
     # -- ends -----------------------------------------------------------------------------
 
-    def _say_where_it_stands(self, saved_total: int | None) -> None:
-        """Log a finished run (and its export) or a schedule stretched to a new step count."""
+    def _say_where_it_stands(self, state: dict) -> None:
+        """Log a finished run (and its export), or the checkpoint a run resumes from and a
+        schedule stretched to a new step count."""
         run_dir, total = self.run.cfg.run_dir, self.run.total_steps
-        if self.start >= total:
+        if self.complete:
             export = storage.join(run_dir, rundir.EXPORT_DIR)
             has_export = storage.exists(storage.join(export, rundir.MODEL_WEIGHTS))
             log.info("run %s is complete at step %d (of %d)%s; raise --max-steps to train longer",
                      run_dir, self.start, total, f", its export is in {export}" if has_export else "")
-        elif self.start and saved_total and saved_total != total:
+            return
+        if not self.start:
+            return
+        log.info("resuming from %s (step %d)", state["checkpoint"], self.start)
+        saved_total = state.get("total_steps")
+        if saved_total and saved_total != total:
             log.info("continuing from step %d with the schedule extended from %d to %d steps "
                      "(learning rate now %.3g)", self.start, saved_total, total,
                      self.lr.at(self.start))
