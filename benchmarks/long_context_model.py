@@ -8,7 +8,7 @@ compared run in ``--rounds`` alternating rounds and each figure is the median ov
 
 * ``scaling``: ModernBERT 4 x 256 (4 heads, GeGLU 684, window 128, every 3rd layer global) at
   seq 512 / 1,024 / 2,048 / 4,096, auto vs dense (``--remat``: and auto with ``--remat
-  block``): tokens/s and peak RSS; at the longest length also ``ModernBertForMaskedLM``
+  block`` at the longest length): tokens/s and peak RSS; at the longest length also ``ModernBertForMaskedLM``
   (``attn_implementation="sdpa"``, ``sparse_prediction=True``) on the same ids and labels
   (torch AdamW).
 * ``parts``: where the time of a step at ``--parts-seq`` goes: one global and one
@@ -261,7 +261,7 @@ def scaling(args) -> None:
         jobs = {attention: {"kind": "tpulm", "model": MODERNBERT, "seq": seq,
                             "tokens": args.tokens, "steps": args.steps, "attention": attention}
                 for attention in ("auto", "dense")}
-        if args.remat:
+        if seq == max(seqs) and args.remat:
             jobs["auto+remat"] = {**jobs["auto"], "remat": "block"}
         if seq == max(seqs) and not args.no_torch:
             jobs["torch"] = {"kind": "torch", "model": MODERNBERT, "seq": seq,

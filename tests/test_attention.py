@@ -142,16 +142,17 @@ def test_chunked_global_keeps_a_row_of_padding_finite():
     assert np.isfinite(out).all() and all(np.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("window", [128, None], ids=["local", "global"])
 @pytest.mark.parametrize("seq", [200, None], ids=["static-length", "unknown-length"])
-def test_attend_in_graph_with_unknown_batch(seq):
-    """Keras traces with an unknown batch; with an unknown length the window stays dense."""
+def test_attend_in_graph_with_unknown_batch(seq, window):
+    """Keras traces with an unknown batch; with an unknown length both paths stay dense."""
     c = case(200, padding=True, documents=True)
     spec, ids = tf.TensorSpec((None, seq, 2, 16)), tf.TensorSpec((None, seq), tf.int32)
     fn = tf.function(lambda q, k, v, m, s: attention.attend(
-        q, k, v, attention_mask=m, segment_ids=s, window=128),
+        q, k, v, attention_mask=m, segment_ids=s, window=window),
         input_signature=[spec] * 3 + [ids] * 2)
     _assert_matches(lambda q, k, v: fn(q, k, v, c["attention_mask"], c["segment_ids"]),
-                    _dense(c, 128), c)
+                    _dense(c, window), c)
 
 
 @pytest.mark.parametrize("window", [None, 128, 64, 512])

@@ -171,8 +171,9 @@ def check_python_on_the_finished_run(work: Path) -> None:
     assert not [ln for ln in done.stderr.splitlines() if any(n in ln for n in NOISE)], done.stderr
 
 
-# `tpulm run` at a tiny budget: no downstream stage, no report.
+# `tpulm run` at a tiny budget: no downstream stage, no report, no XLA compiles (tested elsewhere).
 RUN_TINY = ["--set", "tokenizer.vocab_size=1000", "--set", "data.max_length=64",
+            "--set", 'train.jit_compile="false"',
             "--set", "data.shard_size=500", "--set", "train.max_steps=4",
             "--set", "train.batch_size=8", "--set", "train.log_every=2",
             "--set", "train.eval_every=4", "--set", "train.checkpoint_every=4",

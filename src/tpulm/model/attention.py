@@ -183,67 +183,106 @@ def blocked_local_attention(q, k, v, segments, *, window: int, scale: float,
     return context[:, :seq]
 
 
-def _chunk_logits(q, k, keys, documents: bool, start: int, stop: int):
-    """float32 logits of queries ``start:stop`` against every key, (batch, heads, chunk, seq).
+def _as_chunks(x, chunks: int, block: int, value=0):
+    """(batch, heads, seq, d) -> (batch, heads, chunks, block, d), seq padded with ``value``."""
+    tail = chunks * block - x.shape[2]
+    x = ops.pad(x, [(0, 0), (0, 0), (0, tail), (0, 0)], constant_values=value)
+    return ops.reshape(x, (-1, x.shape[1], chunks, block, x.shape[-1]))
 
-    q (already scaled), k: (batch, heads, seq, head_dim). ``keys`` (batch, seq) float: with
+
+def _from_chunks(x, seq: int):
+    """(batch, heads, chunks, block, d) -> (batch, heads, seq, d)."""
+    return ops.reshape(x, (-1, x.shape[1], x.shape[2] * x.shape[3], x.shape[-1]))[:, :, :seq]
+
+
+def _chunk_logits(q_chunk, k, chunk_keys, keys, documents: bool):
+    """float32 logits of a chunk of queries against every key, (batch, heads, block, seq).
+
+    ``q_chunk`` (batch, heads, block, head_dim), already scaled; k (batch, heads, seq,
+    head_dim). ``keys`` (batch, seq) float, ``chunk_keys`` (batch, block) the chunk's own: with
     ``documents`` the token segments (a query sees keys of its own segment), else 1 for real
     tokens and 0 for padding (every query sees the real keys: the dense path's rows).
     """
-    logits = ops.cast(ops.einsum("bhqd,bhkd->bhqk", q[:, :, start:stop], k), "float32")
+    logits = ops.cast(ops.einsum("bhqd,bhkd->bhqk", q_chunk, k), "float32")
     if documents:
-        keep = ops.equal(keys[:, None, start:stop, None], keys[:, None, None, :])
+        keep = ops.equal(chunk_keys[:, None, :, None], keys[:, None, None, :])
         return ops.where(keep, logits, ops.cast(_MASKED, "float32"))
     return logits + (keys[:, None, None, :] - 1.0) * -_MASKED  # padding keys: + _MASKED
 
 
-def _chunked_forward(q, k, v, keys, documents, chunks):
-    """Context and log-sum-exp (batch, heads, seq, 1) of each query's softmax, chunk by chunk."""
-    outs, lses = [], []
-    for start, stop in chunks:
-        logits = _chunk_logits(q, k, keys, documents, start, stop)
+def _put(buffer, i, chunk):
+    """``buffer`` (batch, heads, chunks, block, d) with chunk ``i`` replaced."""
+    return ops.slice_update(buffer, (0, 0, i, 0, 0), chunk[:, :, None])
+
+
+def _chunked_forward(q, k, v, keys, documents, block):
+    """Context and log-sum-exp (batch, heads, seq, 1) of each query's softmax, one chunk of
+    queries after the other (a loop, so only one chunk's (block, seq) scores are alive)."""
+    seq = q.shape[2]
+    chunks = -(-seq // block)
+    q_chunks = _as_chunks(q, chunks, block)
+    chunk_keys = ops.reshape(ops.pad(keys, [(0, 0), (0, chunks * block - seq)],
+                                     constant_values=-1), (-1, chunks, block))
+
+    def one_chunk(i, carry):
+        out, lse = carry
+        logits = _chunk_logits(ops.take(q_chunks, i, axis=2), k,
+                               ops.take(chunk_keys, i, axis=1), keys, documents)
         peak = ops.max(logits, axis=-1, keepdims=True)
         weights = ops.exp(logits - peak)
         total = ops.sum(weights, axis=-1, keepdims=True)
-        # normalised after the product: chunk x head_dim divisions instead of chunk x seq
+        # normalised after the product: block x head_dim divisions instead of block x seq
         context = ops.einsum("bhqk,bhkd->bhqd", ops.cast(weights, v.dtype), v)
-        outs.append(ops.cast(ops.cast(context, "float32") / total, v.dtype))
-        lses.append(peak + ops.log(total))
-    return ops.concatenate(outs, axis=2), ops.concatenate(lses, axis=2)
+        context = ops.cast(ops.cast(context, "float32") / total, v.dtype)
+        return _put(out, i, context), _put(lse, i, peak + ops.log(total))
+
+    empty = (ops.zeros_like(q_chunks, dtype=v.dtype),
+             ops.zeros_like(q_chunks[..., :1], dtype="float32"))
+    out, lse = ops.fori_loop(0, chunks, one_chunk, empty)
+    return _from_chunks(out, seq), _from_chunks(lse, seq)
 
 
-def _chunked_backward(q, k, v, keys, documents, chunks, out, lse, d_out):
+def _chunked_backward(q, k, v, keys, documents, block, out, lse, d_out):
     """Gradients of q, k, v, each chunk's probabilities recomputed from its log-sum-exp."""
+    seq = q.shape[2]
+    chunks = -(-seq // block)
     # d logits = p * (d p - rowsum(d p * p)), and rowsum(d p * p) = rowsum(d out * out)
     delta = ops.sum(ops.cast(d_out, "float32") * ops.cast(out, "float32"), axis=-1,
                     keepdims=True)
-    d_q, d_k, d_v = [], ops.zeros_like(k), ops.zeros_like(v)
-    for start, stop in chunks:
-        logits = _chunk_logits(q, k, keys, documents, start, stop)
-        probs = ops.exp(logits - lse[:, :, start:stop])
-        d_chunk = d_out[:, :, start:stop]
+    q_chunks, d_out_chunks, lse_chunks, delta_chunks = (
+        _as_chunks(x, chunks, block) for x in (q, d_out, lse, delta))  # padded rows: d_out 0
+    chunk_keys = ops.reshape(ops.pad(keys, [(0, 0), (0, chunks * block - seq)],
+                                     constant_values=-1), (-1, chunks, block))
+
+    def one_chunk(i, carry):
+        d_q, d_k, d_v = carry
+        q_chunk, d_chunk = ops.take(q_chunks, i, axis=2), ops.take(d_out_chunks, i, axis=2)
+        logits = _chunk_logits(q_chunk, k, ops.take(chunk_keys, i, axis=1), keys, documents)
+        probs = ops.exp(logits - ops.take(lse_chunks, i, axis=2))
         d_v = d_v + ops.einsum("bhqk,bhqd->bhkd", ops.cast(probs, v.dtype), d_chunk)
         d_probs = ops.cast(ops.einsum("bhqd,bhkd->bhqk", d_chunk, v), "float32")
-        d_logits = ops.cast(probs * (d_probs - delta[:, :, start:stop]), q.dtype)
-        d_q.append(ops.einsum("bhqk,bhkd->bhqd", d_logits, k))
-        d_k = d_k + ops.einsum("bhqk,bhqd->bhkd", d_logits, q[:, :, start:stop])
-    return ops.concatenate(d_q, axis=2), d_k, d_v
+        d_logits = ops.cast(probs * (d_probs - ops.take(delta_chunks, i, axis=2)), q.dtype)
+        d_k = d_k + ops.einsum("bhqk,bhqd->bhkd", d_logits, q_chunk)
+        return _put(d_q, i, ops.einsum("bhqk,bhkd->bhqd", d_logits, k)), d_k, d_v
+
+    empty = (ops.zeros_like(q_chunks), ops.zeros_like(k), ops.zeros_like(v))
+    d_q, d_k, d_v = ops.fori_loop(0, chunks, one_chunk, empty)
+    return _from_chunks(d_q, seq), d_k, d_v
 
 
 def _chunked_heads_first(q, k, v, keys, documents: bool, block: int):
     """:func:`chunked_attention` on (batch, heads, seq, head_dim) inputs, ``q`` already scaled;
     ``keys`` as :func:`_chunk_logits` takes them, float (a custom gradient's inputs are all
     differentiable)."""
-    seq = q.shape[2]
-    chunks = [(start, min(start + block, seq)) for start in range(0, seq, block)]
+    block = min(block, q.shape[2])
 
     @ops.custom_gradient
     def run(q, k, v, keys):
-        out, lse = _chunked_forward(q, k, v, keys, documents, chunks)
+        out, lse = _chunked_forward(q, k, v, keys, documents, block)
 
         def grad(*args, upstream=None):  # Keras: the upstream gradient, positional on TF
             d_out = args[0] if upstream is None else upstream
-            return (*_chunked_backward(q, k, v, keys, documents, chunks, out, lse, d_out),
+            return (*_chunked_backward(q, k, v, keys, documents, block, out, lse, d_out),
                     ops.zeros_like(keys))
 
         return out, grad
