@@ -1,5 +1,6 @@
 """Self-attention that costs what its mask keeps: dense (the reference), blocked sliding windows,
-splash on TPU, cuDNN on GPU, and :func:`attend`, which picks one by backend and platform.
+chunked global attention with a hand-written backward pass, splash on TPU, cuDNN on GPU, and
+:func:`attend`, which picks one by backend and platform.
 
 Every function takes ``q``, ``k``, ``v`` as (batch, seq, heads, head_dim), the layout of the
 networks' projections and of ``keras.ops.dot_product_attention``, and returns the context in the
@@ -17,8 +18,8 @@ Rows of padding queries are left unspecified (finite, never NaN): the networks n
 there; the sparse paths let a padding query attend the padding keys near it, which keeps every
 row non-empty (splash requires that) without building the dense mask.
 
-Only :func:`dense_attention` and :func:`blocked_local_attention` run on every backend (keras.ops);
-the splash and cuDNN paths import JAX inside themselves.
+:func:`dense_attention`, :func:`blocked_local_attention` and :func:`chunked_attention` run on every
+backend (keras.ops); the splash and cuDNN paths import JAX inside themselves.
 """
 
 from __future__ import annotations
@@ -183,11 +184,18 @@ def blocked_local_attention(q, k, v, segments, *, window: int, scale: float,
     return context[:, :seq]
 
 
-def _as_chunks(x, chunks: int, block: int, value=0):
-    """(batch, heads, seq, d) -> (batch, heads, chunks, block, d), seq padded with ``value``."""
+def _as_chunks(x, chunks: int, block: int):
+    """(batch, heads, seq, d) -> (batch, heads, chunks, block, d), seq padded with zeros."""
     tail = chunks * block - x.shape[2]
-    x = ops.pad(x, [(0, 0), (0, 0), (0, tail), (0, 0)], constant_values=value)
+    x = ops.pad(x, [(0, 0), (0, 0), (0, tail), (0, 0)])
     return ops.reshape(x, (-1, x.shape[1], chunks, block, x.shape[-1]))
+
+
+def _keys_as_chunks(keys, chunks: int, block: int):
+    """(batch, seq) -> (batch, chunks, block): each query's own ``keys`` entry; the queries
+    padding the last chunk get -1, in no document (their rows are dropped)."""
+    tail = chunks * block - keys.shape[1]
+    return ops.reshape(ops.pad(keys, [(0, 0), (0, tail)], constant_values=-1), (-1, chunks, block))
 
 
 def _from_chunks(x, seq: int):
@@ -221,8 +229,7 @@ def _chunked_forward(q, k, v, keys, documents, block):
     seq = q.shape[2]
     chunks = -(-seq // block)
     q_chunks = _as_chunks(q, chunks, block)
-    chunk_keys = ops.reshape(ops.pad(keys, [(0, 0), (0, chunks * block - seq)],
-                                     constant_values=-1), (-1, chunks, block))
+    chunk_keys = _keys_as_chunks(keys, chunks, block)
 
     def one_chunk(i, carry):
         out, lse = carry
@@ -251,8 +258,7 @@ def _chunked_backward(q, k, v, keys, documents, block, out, lse, d_out):
                     keepdims=True)
     q_chunks, d_out_chunks, lse_chunks, delta_chunks = (
         _as_chunks(x, chunks, block) for x in (q, d_out, lse, delta))  # padded rows: d_out 0
-    chunk_keys = ops.reshape(ops.pad(keys, [(0, 0), (0, chunks * block - seq)],
-                                     constant_values=-1), (-1, chunks, block))
+    chunk_keys = _keys_as_chunks(keys, chunks, block)
 
     def one_chunk(i, carry):
         d_q, d_k, d_v = carry

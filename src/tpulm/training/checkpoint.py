@@ -190,7 +190,7 @@ def restore(run_dir: str, model, optimizer, writer: bool = True) -> dict | None:
     latest = _pick(run_dir, writer)
     if latest is None:
         return None
-    step, folder = latest
+    _, folder = latest
     weights.load(model.weights, storage.join(folder, rundir.MODEL_WEIGHTS))
     state_path = storage.join(folder, rundir.STATE_NAME)
     if not storage.exists(state_path):
