@@ -144,8 +144,9 @@ def test_chunked_global_keeps_a_row_of_padding_finite():
 
 @pytest.mark.parametrize("window", [128, None], ids=["local", "global"])
 @pytest.mark.parametrize("seq", [200, None], ids=["static-length", "unknown-length"])
-def test_attend_in_graph_with_unknown_batch(seq, window):
+def test_attend_in_graph_with_unknown_batch(seq, window, monkeypatch):
     """Keras traces with an unknown batch; with an unknown length both paths stay dense."""
+    monkeypatch.setattr(attention, "GLOBAL_BLOCK", 64)
     c = case(200, padding=True, documents=True)
     spec, ids = tf.TensorSpec((None, seq, 2, 16)), tf.TensorSpec((None, seq), tf.int32)
     fn = tf.function(lambda q, k, v, m, s: attention.attend(
@@ -156,9 +157,10 @@ def test_attend_in_graph_with_unknown_batch(seq, window):
 
 
 @pytest.mark.parametrize("window", [None, 128, 64, 512])
-def test_attend_auto_equals_attend_dense(window):
-    """Globals go chunked on TensorFlow, windows blocked, a window spanning the whole sequence is
-    a global layer."""
+def test_attend_auto_equals_attend_dense(window, monkeypatch):
+    """Globals go chunked on TensorFlow (in chunks of 64 here), windows blocked, a window
+    spanning the whole sequence is a global layer."""
+    monkeypatch.setattr(attention, "GLOBAL_BLOCK", 64)
     c = case(200, padding=True, documents=True)
     kwargs = dict(attention_mask=c["attention_mask"], segment_ids=c["segment_ids"],
                   window=window, scale=SCALE)
@@ -172,6 +174,19 @@ def test_attend_dense_mode_is_the_reference_exactly():
                            segment_ids=c["segment_ids"], window=32, mode="dense")
     expected = _dense(c, 32)(c["q"], c["k"], c["v"])
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_global_layers_up_to_one_chunk_stay_dense(monkeypatch):
+    """A sequence of one chunk or less takes the dense path: chunks would save nothing."""
+    calls = []
+    monkeypatch.setattr(attention, "chunked_attention", lambda *a, **k: calls.append(k))
+    c = case(attention.GLOBAL_BLOCK, padding=True, documents=False)
+    attention.attend(c["q"], c["k"], c["v"], attention_mask=c["attention_mask"], scale=SCALE)
+    assert calls == []
+    longer = case(attention.GLOBAL_BLOCK + 1, padding=True, documents=False)
+    attention.attend(longer["q"], longer["k"], longer["v"],
+                     attention_mask=longer["attention_mask"], scale=SCALE)
+    assert [k["block"] for k in calls] == [attention.GLOBAL_BLOCK]
 
 
 def test_registry_picks_paths_by_backend_and_platform():

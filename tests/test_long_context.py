@@ -76,18 +76,28 @@ def dense_modernbert():
 
 
 @pytest.mark.parametrize("documents", [False, True], ids=["padding", "documents"])
+def _count_calls(monkeypatch, name: str) -> list:
+    """Calls of ``attention.<name>`` from now on (their keyword arguments)."""
+    calls, fn = [], getattr(attention, name)
+    monkeypatch.setattr(attention, name, lambda *a, **k: calls.append(k) or fn(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("documents", [False, True], ids=["padding", "documents"])
 def test_modernbert_auto_equals_dense(dense_modernbert, documents, monkeypatch):
-    calls = []
-    blocked = attention.blocked_local_attention
-    monkeypatch.setattr(attention, "blocked_local_attention",
-                        lambda *a, **k: calls.append(k["window"]) or blocked(*a, **k))
+    monkeypatch.setattr(attention, "GLOBAL_BLOCK", 64)  # chunks at this length: 4, the last part
+    blocked = _count_calls(monkeypatch, "blocked_local_attention")
+    chunked = _count_calls(monkeypatch, "chunked_attention")
     model = _twin(dense_modernbert, ModelConfig(**TINY), attention="auto")
     logits, grads = _max_differences(model, dense_modernbert, batch(documents))
-    assert calls == [TINY["local_attention"]] * 2  # the two local layers went blocked
+    # the two local layers went blocked, the global one chunked (traced once, run twice)
+    assert [c["window"] for c in blocked] == [TINY["local_attention"]] * 2
+    assert [c["block"] for c in chunked] == [64]
     assert logits <= TOLERANCE and grads <= TOLERANCE, (logits, grads)
 
 
-def test_roberta_auto_equals_dense():
+def test_roberta_auto_equals_dense(monkeypatch):
+    monkeypatch.setattr(attention, "GLOBAL_BLOCK", 64)
     cfg = ModelConfig(**ROBERTA)
     dense = build_model(cfg, dtype="float32", attention="dense")
     logits, grads = _max_differences(_twin(dense, cfg, attention="auto"), dense, batch(True))

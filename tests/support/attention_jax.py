@@ -81,7 +81,9 @@ def splash_sharded() -> dict:
 
 
 def auto_on_cpu() -> dict:
-    """What attend(mode="auto") picks on JAX's CPU platform, and its difference from dense."""
+    """What attend(mode="auto") picks on JAX's CPU platform, and its difference from dense
+    (global layers in chunks of 64, so that a length of 200 takes the chunked path)."""
+    attention.GLOBAL_BLOCK = 64
     paths = attention.select_paths("auto")
     c = case(SEQ, padding=True, documents=False)
     diffs = {window: _max_differences(lambda q, k, v: attention.attend(

@@ -41,7 +41,9 @@ from tpulm.model.config import ATTENTION_MODES
 # for the 129 it needs (measured by benchmarks/long_context.py against 32 and 128).
 LOCAL_BLOCK = 64
 # Queries per chunk of the chunked global path: (batch, heads, 512, seq) logits at a time; 256 to
-# 1,024 ran within 3% of each other at seq 4,096 on CPU (TensorFlow XLA).
+# 1,024 ran within 3% of each other at seq 4,096 on CPU (TensorFlow XLA). Sequences up to one
+# chunk stay on the dense path: they would save no memory, and outside XLA (graph mode, eager)
+# the chunk loop is compiled by XLA on its own, seconds per model built.
 GLOBAL_BLOCK = 512
 # Splash's tiles (its default BlockSizes; the kernel needs key tiles in multiples of the TPU's
 # 128 lanes); sequences are padded to a multiple of it.
@@ -303,9 +305,11 @@ def chunked_attention(q, k, v, attention_mask, segment_ids=None, *, scale: float
     Each chunk of ``block`` queries attends every key of its segment (an exact softmax over the
     whole row); the backward pass recomputes each chunk's probabilities from the saved
     log-sum-exp (FlashAttention's backward, over query chunks: Rabe & Staats, "Self-attention
-    does not need O(n^2) memory"). Memory grows as block x seq instead of seq^2, and on CPU it
-    runs 2.6x faster than differentiating the dense path (seq 4,096, TensorFlow XLA): the
-    autodiff of the (seq, seq) softmax is what costs there, not the matmuls.
+    does not need O(n^2) memory"). The chunks run in a loop, one after the other, so memory
+    grows as block x seq instead of seq^2 (XLA's temporaries for one layer at seq 4,096: 113 MiB,
+    dense 776), and on CPU a layer's forward and backward run 2.5x faster than the framework's
+    gradient of the dense path (460 vs 1,161 ms at 4,096, TensorFlow XLA): that gradient's
+    passes over the (seq, seq) softmax are what cost there, not the matmuls.
 
     Args:
         q, k, v: (batch, seq, heads, head_dim), seq static.
@@ -433,10 +437,12 @@ def _blocked(q, k, v, *, attention_mask, segment_ids, window, scale):
 
 
 def _chunked(q, k, v, *, attention_mask, segment_ids, window, scale):
-    if _static_length(q) is None:  # chunks need a static length
+    seq = _static_length(q)
+    if seq is None or seq <= GLOBAL_BLOCK:  # chunks need a static length, and more than one
         return _dense(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids,
                       window=window, scale=scale)
-    return chunked_attention(q, k, v, attention_mask, segment_ids, scale=scale)
+    return chunked_attention(q, k, v, attention_mask, segment_ids, scale=scale,
+                             block=GLOBAL_BLOCK)
 
 
 def _cudnn(q, k, v, *, attention_mask, segment_ids, window, scale):
