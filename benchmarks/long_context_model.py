@@ -8,9 +8,9 @@ compared run in ``--rounds`` alternating rounds and each figure is the median ov
 
 * ``scaling``: ModernBERT 4 x 256 (4 heads, GeGLU 684, window 128, every 3rd layer global) at
   seq 512 / 1,024 / 2,048 / 4,096, auto vs dense (``--remat``: and auto with ``--remat
-  block`` at the longest length): tokens/s and peak RSS; at the longest length also ``ModernBertForMaskedLM``
-  (``attn_implementation="sdpa"``, ``sparse_prediction=True``) on the same ids and labels
-  (torch AdamW).
+  block`` at the longest length): tokens/s and peak RSS; at the longest length also
+  ``ModernBertForMaskedLM`` (``attn_implementation="sdpa"``, ``sparse_prediction=True``) on the
+  same ids and labels (torch AdamW).
 * ``parts``: where the time of a step at ``--parts-seq`` goes: one global and one
   sliding-window attention layer alone (forward + backward; tpulm's auto and dense paths, and
   PyTorch's sdpa with the mask ModernBertForMaskedLM passes), and the whole step of each.
@@ -156,7 +156,7 @@ def torch_job(job: dict) -> dict:
     return _timed(step, job)
 
 
-def _best_ms(fn, repeats: int) -> float:
+def _median_ms(fn, repeats: int) -> float:
     fn()  # compilation / warm-up
     times = []
     for _ in range(repeats):
@@ -196,10 +196,10 @@ def tpulm_parts_job(job: dict) -> dict:
             return tape.gradient(loss, [q, k, v])
         return lambda: [g.numpy() for g in step(q, k, v)]
 
-    out = {f"{mode}_{kind}_layer": _best_ms(layer(mode, w), job["steps"])
+    out = {f"{mode}_{kind}_layer": _median_ms(layer(mode, w), job["steps"])
            for mode in ("auto", "dense") for kind, w in (("global", None), ("local", window))}
     for mode in ("auto", "dense"):
-        out[f"{mode}_step"] = _best_ms(tpulm_step(MODERNBERT, job["seq"], job["tokens"], mode),
+        out[f"{mode}_step"] = _median_ms(tpulm_step(MODERNBERT, job["seq"], job["tokens"], mode),
                                        job["steps"])
     return out
 
@@ -223,8 +223,8 @@ def torch_parts_job(job: dict) -> dict:
             (out * weight).sum().backward()
         return step
 
-    out = {"global_layer": _best_ms(layer(None), job["steps"]),
-           "local_layer": _best_ms(layer(window_mask[None, None]), job["steps"])}
+    out = {"global_layer": _median_ms(layer(None), job["steps"]),
+           "local_layer": _median_ms(layer(window_mask[None, None]), job["steps"])}
     out["step"] = 1000 * job["seq"] * max(1, job["tokens"] // job["seq"]) / torch_job(
         {**job, "model": MODERNBERT})["tokens_per_second"]
     return out
