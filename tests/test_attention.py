@@ -104,13 +104,6 @@ def test_blocked_local_equals_dense(seq, window, padding, documents):
     _assert_matches(_blocked(c, window), _dense(c, window), c)
 
 
-@pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
-def test_blocked_local_equals_dense_in_tf_function(jit_compile):
-    c = case(200, padding=True, documents=True)
-    fn = tf.function(_blocked(c, 128), jit_compile=jit_compile)
-    _assert_matches(fn, _dense(c, 128), c)
-
-
 def _chunked(c: dict, block: int):
     return lambda q, k, v: attention.chunked_attention(
         q, k, v, c["attention_mask"], c["segment_ids"], scale=SCALE, block=block)
@@ -127,11 +120,12 @@ def test_chunked_global_equals_dense(seq, block, padding, documents):
     _assert_matches(_chunked(c, block), _dense(c, None), c)
 
 
+@pytest.mark.parametrize("path", ["blocked_local", "chunked_global"])
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["graph", "xla"])
-def test_chunked_global_equals_dense_in_tf_function(jit_compile):
+def test_paths_equal_dense_in_tf_function(path, jit_compile):
     c = case(200, padding=True, documents=True)
-    fn = tf.function(_chunked(c, 64), jit_compile=jit_compile)
-    _assert_matches(fn, _dense(c, None), c)
+    fn, window = (_blocked(c, 128), 128) if path == "blocked_local" else (_chunked(c, 64), None)
+    _assert_matches(tf.function(fn, jit_compile=jit_compile), _dense(c, window), c)
 
 
 def test_chunked_global_keeps_a_row_of_padding_finite():
