@@ -124,7 +124,8 @@ def test_a_few_training_steps_with_each_option(tmp_path, data, tok_dir):
 
     common = dict(model="tiny", batch_size=4, learning_rate=1e-3, progress=False, peak_tflops=1.0,
                   train_data=str(data / "train"), eval_data=str(data / "valid"),
-                  tokenizer=str(tok_dir), max_steps=4, log_every=4, seed=3)
+                  tokenizer=str(tok_dir), max_steps=4, log_every=4, seed=3,
+                  jit_compile="false")  # 4 steps: XLA compiles would be most of the time
     losses = {}
     for name, flags in (("plain", {}), ("documents", {"document_attention": True}),
                         ("words", {"whole_word_mask": True})):

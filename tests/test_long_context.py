@@ -117,6 +117,17 @@ def test_remat_keeps_loss_and_gradients(dense_modernbert, remat, jit):
         np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
 
 
+def test_remat_over_the_sparse_paths_equals_dense(dense_modernbert, monkeypatch):
+    """``tf.recompute_grad`` around blocks whose attention has its own backward pass (chunked
+    global, in chunks of 64 here) and the blocked window, under XLA as on CPU by default."""
+    monkeypatch.setattr(attention, "GLOBAL_BLOCK", 64)
+    chunked = _count_calls(monkeypatch, "chunked_attention")
+    model = _twin(dense_modernbert, ModelConfig(**TINY), attention="auto", remat="block")
+    logits, grads = _max_differences(model, dense_modernbert, batch(True), jit=True)
+    assert chunked  # the global layer went chunked
+    assert logits <= TOLERANCE and grads <= TOLERANCE, (logits, grads)
+
+
 def test_unknown_settings_are_user_errors():
     with pytest.raises(TpulmError, match="--attention"):
         build_model(ModelConfig(**TINY), attention="sparse")
