@@ -174,7 +174,7 @@ def blocked_local_attention(q, k, v, segments, *, window: int, scale: float,
     kb, vb = (_neighbourhoods(_pad_seq(x, halo, tail + halo), blocks, block, reach)
               for x in (k, v))
     seg = ops.cast(segments, "int32")
-    seg_q = ops.reshape(_pad_seq(seg, 0, tail, -1), (-1, blocks, block))
+    seg_q = _keys_as_chunks(seg, blocks, block)
     seg_k = _neighbourhoods(_pad_seq(seg, halo, tail + halo, -1), blocks, block, reach)
     keep = ops.logical_and(ops.equal(seg_q[..., None], seg_k[:, :, None, :]),
                            _window_band(block, reach, radius))  # (batch, blocks, block, span)
@@ -194,10 +194,10 @@ def _as_chunks(x, chunks: int, block: int):
 
 
 def _keys_as_chunks(keys, chunks: int, block: int):
-    """(batch, seq) -> (batch, chunks, block): each query's own ``keys`` entry; the queries
-    padding the last chunk get -1, in no document (their rows are dropped)."""
+    """(batch, seq) -> (batch, chunks, block): each query's own ``keys`` entry (segment); the
+    queries padding the last chunk get -1, in no document (their rows are dropped)."""
     tail = chunks * block - keys.shape[1]
-    return ops.reshape(ops.pad(keys, [(0, 0), (0, tail)], constant_values=-1), (-1, chunks, block))
+    return ops.reshape(_pad_seq(keys, 0, tail, -1), (-1, chunks, block))
 
 
 def _from_chunks(x, seq: int):
